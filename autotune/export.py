@@ -1,0 +1,157 @@
+"""`best.yaml`: the chosen config as a `vllm serve --config` file, with where it came from.
+
+The engine arguments are the baseline's with the winner's overrides on top; serving settings
+are the baseline's as the user runs them (benchmark mode off unless the baseline had it on).
+Provenance goes under `additional-config.vllm_autotune.provenance` (vLLM ignores it) and a
+short comment header says the decision in words. When the gate keeps the baseline the file is
+still written, holding the baseline, and both say so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.gate import GateDecision
+from autotune.objective import Objective
+from server.config import ServerConfig
+from workloads.slo import SLO
+
+
+def vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError:
+        return "not installed"
+    return str(vllm.__version__)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_names() -> list[str]:
+    """GPU names via torch when it sees CUDA, else nvidia-smi, else none."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - a broken torch install should not stop the export
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def hardware() -> dict[str, Any]:
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpu_names(),
+        "platform": platform.platform(),
+    }
+
+
+def final_config(baseline: ServerConfig, overrides: dict[str, Any]) -> ServerConfig:
+    """What to deploy: the baseline as the user runs it, plus the winner's overrides."""
+    return baseline.model_copy(update={"engine": {**baseline.engine, **overrides}, "provenance": None})
+
+
+def build_provenance(
+    *,
+    decision: GateDecision,
+    winner_overrides: dict[str, Any],
+    objective: Objective,
+    slos: Sequence[SLO],
+    study_name: str,
+    storage_url: str,
+    command_line: Sequence[str],
+    model: str,
+    workload: dict[str, Any],
+    baseline_source: str,
+    effective_defaults: dict[str, Any],
+    validation: list[dict[str, Any]],
+    search: dict[str, Any],
+    now: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """Everything needed to judge and reproduce the result, JSON-able."""
+    return {
+        "tool": "vllm-autotune",
+        "date": (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"),
+        "decision": {
+            "emitted": decision.winner,
+            "kept_baseline": decision.keep_baseline,
+            "reason": decision.reason,
+            "overrides": winner_overrides,
+            "effect": decision.effect,
+            "ci_low": decision.ci_low,
+            "ci_high": decision.ci_high,
+            "confidence": decision.confidence,
+            "baseline_noise": decision.noise,
+            "baseline_median": decision.baseline_median,
+            "candidate_median": decision.candidate_median,
+        },
+        "objective": objective.spec(),
+        "objective_unit": objective.unit,
+        "slos": [slo.spec() for slo in slos],
+        "validation": validation,
+        "baseline": {"source": baseline_source, "effective_defaults": effective_defaults},
+        "vllm_version": vllm_version(),
+        "hardware": hardware(),
+        "model": model,
+        "workload": workload,
+        "study": {"name": study_name, "storage": storage_url, **search},
+        "command_line": shlex.join(command_line),
+    }
+
+
+def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str:
+    decision = provenance["decision"]
+    if decision["kept_baseline"]:
+        verdict = f"KEPT THE BASELINE (no config beat it beyond the noise): {decision['reason']}"
+    else:
+        verdict = f"emitted {decision['emitted']}: {decision['reason']}"
+    hw = provenance["hardware"]
+    device = ", ".join(hw["gpus"]) if hw["gpus"] else f"{hw['cpu']} ({hw['cpu_count']} cores)"
+    workload = provenance["workload"]
+    return "\n".join(
+        [
+            f"vllm-autotune {provenance['date']}  study {provenance['study']['name']}",
+            verdict,
+            f"objective {provenance['objective']} under SLOs {', '.join(provenance['slos']) or 'none'}",
+            f"model {provenance['model']}  vLLM {provenance['vllm_version']}  on {device}",
+            f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
+            f"use: python -m server --config {path_hint}   or   vllm serve --config {path_hint}",
+            "full provenance: additional-config.vllm_autotune.provenance below",
+        ]
+    )
+
+
+def export_best(path: Path, config: ServerConfig, provenance: dict[str, Any]) -> ServerConfig:
+    """Write `config` with `provenance` to `path` atomically; returns what was written."""
+    final = config.model_copy(update={"provenance": provenance})
+    final.write(path, header=header_text(provenance, path.name))
+    return final

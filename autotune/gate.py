@@ -1,0 +1,195 @@
+"""The validation gate: is the best config really better than the baseline, beyond the noise?
+
+The top K configs of the search and the baseline are re-run on the held-out window, R times,
+interleaved (round-robin, the starting config rotating per repeat) so that slow drift of the
+machine hits every config alike. Then `decide`:
+
+1. Eligible: a candidate whose every repeat ran and met every SLO.
+2. Winner: the eligible candidate with the best median objective.
+3. Emit it only if it beats the baseline beyond the noise:
+   - the 95% bootstrap confidence interval of (median candidate - median baseline) lies
+     above 0 (resampling each config's repeats independently; with 2-3 repeats this says
+     "every candidate repeat beat every baseline repeat" or close to it), and
+   - the relative improvement of the medians is larger than the baseline's own relative
+     spread ((max - min) / median over its repeats): a gain smaller than the run-to-run
+     wobble of one config is not a gain anyone can rely on.
+   Otherwise the baseline is kept. A baseline that itself misses an SLO does not change the
+   rule: the candidate must still beat it on the objective, and meet every SLO.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+BASELINE = "baseline"
+
+
+class Measurement(BaseModel):
+    """One run of one config on the held-out window."""
+
+    candidate: str  # "baseline" or "trial-0007"
+    repeat: int
+    value: float  # the objective (goodput / throughput), 0 for a failed run
+    slo_met: bool
+    ok: bool = True
+    failure: str | None = None
+    margins_ms: dict[str, float | None] = {}  # SLO spec -> measured - threshold (report)
+
+
+class CandidateStats(BaseModel):
+    candidate: str
+    values: list[float]
+    median: float
+    relative_spread: float | None  # (max - min) / median
+    eligible: bool
+    why_not: str | None = None
+
+
+class GateDecision(BaseModel):
+    """What the gate concluded and the figures behind it."""
+
+    winner: str  # the config to emit: a candidate or "baseline"
+    keep_baseline: bool
+    reason: str  # one line a user can read
+    best_candidate: str | None  # best eligible candidate, even when it did not win
+    baseline_median: float | None
+    candidate_median: float | None
+    effect: float | None  # relative change of medians (candidate vs baseline)
+    ci_low: float | None  # 95% CI of median difference (absolute, objective units)
+    ci_high: float | None
+    noise: float | None  # the baseline's relative spread
+    confidence: float
+    stats: list[CandidateStats]
+
+
+def round_robin(candidates: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+    """Run order: every repeat runs every config once, the first config rotating, so each
+    config is first (right after a cold machine) equally often."""
+    order: list[tuple[int, str]] = []
+    count = len(candidates)
+    for repeat in range(repeats):
+        shift = repeat % count if count else 0
+        for candidate in list(candidates[shift:]) + list(candidates[:shift]):
+            order.append((repeat, candidate))
+    return order
+
+
+def bootstrap_median_diff(
+    candidate: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap CI of median(candidate) - median(baseline)."""
+    rng = np.random.default_rng(seed)
+    a = np.asarray(candidate, dtype=np.float64)
+    b = np.asarray(baseline, dtype=np.float64)
+    diffs = np.median(rng.choice(a, size=(resamples, a.size)), axis=1) - np.median(
+        rng.choice(b, size=(resamples, b.size)), axis=1
+    )
+    tail = (1.0 - confidence) / 2.0
+    return float(np.quantile(diffs, tail)), float(np.quantile(diffs, 1.0 - tail))
+
+
+def _stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
+    values = [run.value for run in sorted(runs, key=lambda run: run.repeat)]
+    median = statistics.median(values)
+    spread = (max(values) - min(values)) / median if median > 0 else None
+    why_not = None
+    failed = [run for run in runs if not run.ok]
+    missed = [run for run in runs if run.ok and not run.slo_met]
+    if failed:
+        why_not = f"run {failed[0].repeat + 1} failed ({failed[0].failure or 'error'})"
+    elif missed:
+        why_not = f"missed an SLO in repeat {missed[0].repeat + 1}"
+    return CandidateStats(
+        candidate=candidate,
+        values=values,
+        median=median,
+        relative_spread=spread,
+        eligible=why_not is None,
+        why_not=why_not,
+    )
+
+
+def decide(
+    measurements: Sequence[Measurement],
+    *,
+    baseline: str = BASELINE,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> GateDecision:
+    """Pick the config to emit from the validation runs (see the module docstring)."""
+    by_candidate: dict[str, list[Measurement]] = {}
+    for run in measurements:
+        by_candidate.setdefault(run.candidate, []).append(run)
+    if baseline not in by_candidate:
+        raise ValueError(f"no measurement of the baseline {baseline!r}")
+    stats = {name: _stats(name, runs) for name, runs in by_candidate.items()}
+    base = stats[baseline]
+    noise = base.relative_spread
+    eligible = [s for name, s in stats.items() if name != baseline and s.eligible]
+
+    def keep(reason: str, best: CandidateStats | None = None, **figures: float | None) -> GateDecision:
+        return GateDecision(
+            winner=baseline,
+            keep_baseline=True,
+            reason=reason,
+            best_candidate=best.candidate if best else None,
+            baseline_median=base.median,
+            candidate_median=best.median if best else None,
+            effect=figures.get("effect"),
+            ci_low=figures.get("ci_low"),
+            ci_high=figures.get("ci_high"),
+            noise=noise,
+            confidence=confidence,
+            stats=list(stats.values()),
+        )
+
+    if not eligible:
+        return keep("no candidate ran and met every SLO in every repeat")
+    best = max(eligible, key=lambda s: s.median)
+    ci_low, ci_high = bootstrap_median_diff(
+        best.values, base.values, confidence=confidence, seed=seed
+    )
+    effect = (best.median - base.median) / base.median if base.median > 0 else None
+    figures = {"effect": effect, "ci_low": ci_low, "ci_high": ci_high}
+    pct = f"{confidence:.0%}"
+    if ci_low <= 0:
+        return keep(
+            f"{best.candidate} is not better than the baseline beyond the noise "
+            f"({pct} CI of the difference [{ci_low:.3g}, {ci_high:.3g}] includes 0)",
+            best,
+            **figures,
+        )
+    if effect is not None and noise is not None and effect <= noise:
+        return keep(
+            f"{best.candidate} improves on the baseline by {effect:+.1%}, within the baseline's "
+            f"own run-to-run spread of {noise:.1%}",
+            best,
+            **figures,
+        )
+    gain = f"{effect:+.1%}" if effect is not None else "a gain over a baseline that served nothing"
+    return GateDecision(
+        winner=best.candidate,
+        keep_baseline=False,
+        reason=(
+            f"{best.candidate} beats the baseline by {gain} ({pct} CI of the difference "
+            f"[{ci_low:.3g}, {ci_high:.3g}]) and met every SLO in every repeat"
+        ),
+        best_candidate=best.candidate,
+        baseline_median=base.median,
+        candidate_median=best.median,
+        effect=effect,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        noise=noise,
+        confidence=confidence,
+        stats=list(stats.values()),
+    )

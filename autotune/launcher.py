@@ -1,0 +1,524 @@
+"""Start one server under test in its own process group, wait until it is ready, stop it.
+
+Every start is recorded in a stale-server registry (a JSON file) until the whole process
+group is confirmed gone, so that a later run can end servers a killed tuner left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import httpx
+import psutil
+from pydantic import BaseModel
+
+StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config"]
+
+# What vLLM, torch and the OS write when memory (GPU, CPU or KV cache) runs out.
+_OOM_PATTERNS = re.compile(
+    "|".join(
+        [
+            r"out of memory",
+            r"OutOfMemory",
+            r"Cannot allocate memory",
+            r"MemoryError",
+            r"insufficient memory",
+            r"No available memory for the cache blocks",
+            r"larger than the available KV cache memory",
+            r"is less than desired (?:GPU|CPU) memory utilization",
+            r"less than requested memory for kv",
+            r"less than the engine's budget",
+            # An engine core killed by the OOM killer shows up as exit code -9.
+            r"Failed core proc\(s\): \{[^}]*: -9\b",
+            r"exit code:? -9\b",
+        ]
+    ),
+    re.IGNORECASE,
+)
+_PORT_IN_USE = re.compile(r"address already in use|\[Errno 98\]|\[Errno 48\]", re.IGNORECASE)
+# vLLM validates engine arguments in pydantic config classes: a rejected combination (e.g.
+# max_num_batched_tokens < max_num_seqs) is the config's fault, not a crash.
+_INVALID_CONFIG = re.compile(r"validation error for \w*Config\b|ConfigError")
+_PYDANTIC_REASON = re.compile(r"^\s*Value error, ")
+_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*:|^\S*error:|^\S*Error\b")
+_LOG_TAIL_LINES = 40
+
+
+class ServerStartFailed(Exception):
+    """The server did not become ready; `kind` says why, `detail` is one line for humans."""
+
+    def __init__(self, kind: StartFailureKind, detail: str, log_tail: Sequence[str] = ()):
+        super().__init__(detail)
+        self.kind: StartFailureKind = kind
+        self.detail = detail
+        self.log_tail = list(log_tail)
+        self.teardown: TeardownReport | None = None  # set once the failed server is stopped
+
+
+class TeardownReport(BaseModel):
+    """What stopping a server took and what was seen afterwards."""
+
+    seconds: float  # stop signal -> group gone and memory back (or waits given up)
+    strongest_signal: Literal["none", "SIGTERM", "SIGKILL"]  # what it took to end the group
+    exit_code: int | None  # of the server's main process
+    leftover_pids: list[int]  # still alive after SIGKILL (should be empty)
+    memory_available_before_mib: float  # just before the server was started
+    memory_available_after_mib: float
+    memory_recovered: bool  # available memory came back to within the tolerance
+
+
+class RegisteredServer(BaseModel):
+    """One started server, kept in the registry until its group is confirmed gone."""
+
+    pid: int
+    pgid: int
+    create_time: float  # psutil's, to tell our process from a recycled pid
+    study: str = ""
+    trial: str = ""
+    port: int | None = None
+    started: str = ""  # ISO time, for humans reading the file
+
+
+class _RegistryFile(BaseModel):
+    servers: list[RegisteredServer] = []
+
+
+class StaleServerRegistry:
+    """A JSON file listing servers that may still be running (atomic rewrites).
+
+    One tuner process uses a registry at a time (one per study folder); no locking.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def entries(self) -> list[RegisteredServer]:
+        if not self.path.exists():
+            return []
+        return _RegistryFile.model_validate_json(self.path.read_text()).servers
+
+    def add(self, entry: RegisteredServer) -> None:
+        servers = [s for s in self.entries() if s.pid != entry.pid]
+        self._write(servers + [entry])
+
+    def remove(self, pid: int) -> None:
+        self._write([s for s in self.entries() if s.pid != pid])
+
+    def _write(self, servers: list[RegisteredServer]) -> None:
+        _write_atomic(self.path, _RegistryFile(servers=servers).model_dump_json(indent=2))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (bind to port 0, read it back, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
+    """The last `lines` lines of a log file (empty if it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def headline(tail: Sequence[str]) -> str:
+    """The line of a log tail that best says what went wrong (the last error line)."""
+    for line in reversed(tail):
+        if _PYDANTIC_REASON.search(line):
+            return line.strip()
+    for line in reversed(tail):
+        if _ERROR_LINE.search(line):
+            return line.strip()
+    for line in reversed(tail):
+        if line.strip():
+            return line.strip()
+    return "(empty log)"
+
+
+def classify_exit(returncode: int | None, tail: Sequence[str]) -> StartFailureKind:
+    """Why a server process that should be serving has exited."""
+    text = "\n".join(tail)
+    if returncode == -signal.SIGKILL or _OOM_PATTERNS.search(text):
+        return "oom"
+    if _PORT_IN_USE.search(text):
+        return "port_in_use"
+    # Exit code 2: the server's own "bad config file" exit, as for the autotune CLI.
+    if returncode == 2 or _INVALID_CONFIG.search(text):
+        return "invalid_config"
+    return "crash"
+
+
+def _memory_available() -> int:
+    return psutil.virtual_memory().available
+
+
+def _is_gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _group_members(pgid: int, created_after: float) -> list[psutil.Process]:
+    """Processes of group `pgid` created no earlier than the group leader (not recycled)."""
+    members = []
+    for process in psutil.process_iter(["create_time"]):
+        try:
+            if os.getpgid(process.pid) != pgid:
+                continue
+        except (ProcessLookupError, PermissionError):
+            continue
+        created = process.info["create_time"]
+        if created is not None and created + 0.05 >= created_after and not _is_gone(process):
+            members.append(process)
+    return members
+
+
+def _signal_all(pgid: int, processes: Sequence[psutil.Process], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    # Children that left the group (setsid) are still ours: signal them one by one.
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            process.send_signal(sig)
+
+
+class ServerProcess:
+    """A running server: its process group, its port, its log; `stop()` ends all of it."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        *,
+        host: str,
+        port: int,
+        log_path: Path,
+        spawned_at: float,
+        memory_before: int,
+        registry: StaleServerRegistry | None,
+    ):
+        self.popen = popen
+        self.pid = popen.pid
+        self.pgid = popen.pid  # start_new_session=True: the server leads its own group
+        self.host = host
+        self.port = port
+        self.url = f"http://{host}:{port}"
+        self.log_path = log_path
+        self.spawned_at = spawned_at  # time.monotonic() just before the spawn
+        self.launched_at = time.monotonic()  # the process exists
+        self.ready_at: float | None = None  # /health answered 200
+        self.memory_before = memory_before
+        self._registry = registry
+        self._process = psutil.Process(popen.pid)
+        self.create_time = self._process.create_time()
+        self._known: dict[int, psutil.Process] = {popen.pid: self._process}
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def track_children(self) -> None:
+        """Remember every descendant now alive, so `stop()` can check them even after they
+        leave the group or lose their parent."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in self._process.children(recursive=True):
+                self._known.setdefault(child.pid, child)
+
+    def known_pids(self) -> list[int]:
+        return sorted(self._known)
+
+    def listens_on_port(self) -> bool:
+        """Whether one of our processes holds the listening socket (not a stranger)."""
+        for process in list(self._known.values()):
+            try:
+                connections = process.net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            for conn in connections:
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.port:
+                    return True
+        return False
+
+    def failure(self) -> ServerStartFailed:
+        """Describe why the (exited) server is not serving."""
+        tail = log_tail(self.log_path)
+        code = self.popen.poll()
+        kind = classify_exit(code, tail)
+        return ServerStartFailed(
+            kind, f"server exited with code {code}: {headline(tail)}", log_tail=tail
+        )
+
+    def wait_ready(self, timeout_s: float, *, poll_s: float = 0.25) -> float:
+        """Block until `/health` answers 200; return seconds since spawn.
+
+        Raises ServerStartFailed: "start_timeout" after `timeout_s`, or the classified exit
+        ("crash", "oom", "port_in_use") as soon as the process dies.
+        """
+        deadline = self.spawned_at + timeout_s
+        # trust_env=False: a proxy from the environment must not stand between us and it.
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while True:
+                self.track_children()
+                if not self.alive():
+                    raise self.failure()
+                try:
+                    response = client.get(self.url + "/health")
+                except httpx.HTTPError:
+                    response = None
+                if response is not None and response.status_code == 200:
+                    if self.listens_on_port():
+                        self.ready_at = time.monotonic()
+                        return self.ready_at - self.spawned_at
+                    # Someone else answers on our port; ours will fail to bind and exit.
+                now = time.monotonic()
+                if now >= deadline:
+                    tail = log_tail(self.log_path)
+                    raise ServerStartFailed(
+                        "start_timeout",
+                        f"/health not 200 after {timeout_s:g} s; last log line: {headline(tail)}",
+                        log_tail=tail,
+                    )
+                time.sleep(min(poll_s, max(0.0, deadline - now)))
+
+    def stop(
+        self,
+        *,
+        grace_s: float = 20.0,
+        kill_wait_s: float = 10.0,
+        memory_wait_s: float = 20.0,
+        memory_tolerance_bytes: int | None = None,
+    ) -> TeardownReport:
+        """SIGTERM the group, SIGKILL what is left after `grace_s`, confirm all gone.
+
+        Then wait (at most `memory_wait_s`) until available memory is back within the
+        tolerance of what it was before the start (default: 2% of RAM, at least 256 MiB).
+        Other programs change available memory too, so this is recorded, not enforced.
+        """
+        started = time.monotonic()
+        self.track_children()
+        signal_used: Literal["none", "SIGTERM", "SIGKILL"] = "none"
+        members = self._members()
+        if members:
+            signal_used = "SIGTERM"
+            _signal_all(self.pgid, members, signal.SIGTERM)
+            members = self._wait_gone(grace_s)
+        if members:
+            signal_used = "SIGKILL"
+            _signal_all(self.pgid, members, signal.SIGKILL)
+            self._wait_gone(kill_wait_s)
+        leftovers = sorted(p.pid for p in self._members())
+
+        if memory_tolerance_bytes is None:
+            memory_tolerance_bytes = max(256 * 2**20, psutil.virtual_memory().total // 50)
+        memory_deadline = time.monotonic() + memory_wait_s
+        available = _memory_available()
+        while available < self.memory_before - memory_tolerance_bytes:
+            if time.monotonic() >= memory_deadline:
+                break
+            time.sleep(0.25)
+            available = _memory_available()
+
+        if not leftovers and self._registry is not None:
+            self._registry.remove(self.pid)
+        return TeardownReport(
+            seconds=time.monotonic() - started,
+            strongest_signal=signal_used,
+            exit_code=self.popen.returncode,
+            leftover_pids=leftovers,
+            memory_available_before_mib=self.memory_before / 2**20,
+            memory_available_after_mib=available / 2**20,
+            memory_recovered=available >= self.memory_before - memory_tolerance_bytes,
+        )
+
+    def _wait_gone(self, timeout_s: float) -> list[psutil.Process]:
+        """Poll until none of our processes is alive; return those still alive at timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            members = self._members()
+            if not members or time.monotonic() >= deadline:
+                return members
+            time.sleep(0.05)
+
+    def _members(self) -> list[psutil.Process]:
+        """Our processes still alive: the server, tracked descendants, anything in our group.
+
+        The server itself is our child: Popen reaps it (keeping its exit code), and it counts
+        as alive until then, zombie or not.
+        """
+        alive: dict[int, psutil.Process] = {}
+        if self.popen.poll() is None:
+            alive[self.pid] = self._process
+        for process in self._known.values():
+            if process.pid != self.pid and not _is_gone(process):
+                alive[process.pid] = process
+        for process in _group_members(self.pgid, self.create_time):
+            if process.pid != self.pid:
+                alive.setdefault(process.pid, process)
+        return list(alive.values())
+
+
+class ServerLauncher:
+    """Starts `python -m server --config FILE --port P --benchmark-mode` and waits for it.
+
+    `command` replaces `[python, "-m", "server"]` (tests use a fake server script); the
+    `--config/--port` arguments and `extra_args` are always appended.
+    """
+
+    def __init__(
+        self,
+        *,
+        python: str = sys.executable,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 300.0,
+        registry: StaleServerRegistry | None = None,
+        study: str = "",
+        command: Sequence[str] | None = None,
+        extra_args: Sequence[str] = ("--benchmark-mode",),
+        env: dict[str, str] | None = None,
+    ):
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.registry = registry
+        self.study = study
+        self.command = list(command) if command is not None else [python, "-m", "server"]
+        self.extra_args = list(extra_args)
+        self.env = env
+
+    def start(
+        self, config_path: Path, log_path: Path, *, trial: str = "", port: int | None = None
+    ) -> ServerProcess:
+        """Spawn the server and return it once `/health` is 200.
+
+        Tries `port` (or a free one), and once more on a fresh free port if the first is
+        taken. On failure the process group is stopped before ServerStartFailed is raised.
+        """
+        attempts = 2
+        for attempt in range(1, attempts + 1):
+            if port is None or not port_is_free(self.host, port):
+                port = free_port(self.host)
+            server = self.spawn(config_path, log_path, port=port, trial=trial)
+            try:
+                server.wait_ready(self.startup_timeout_s)
+                return server
+            except ServerStartFailed as failure:
+                failure.teardown = server.stop()
+                if failure.kind != "port_in_use" or attempt == attempts:
+                    raise
+                port = None
+            except BaseException:
+                server.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def spawn(self, config_path: Path, log_path: Path, *, port: int, trial: str = "") -> ServerProcess:
+        """Start the process (own session and group) without waiting for readiness."""
+        argv = [*self.command, "--config", str(config_path), "--port", str(port), *self.extra_args]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        memory_before = _memory_available()
+        with open(log_path, "ab") as log:
+            stamp = dt.datetime.now().isoformat(timespec="seconds")
+            log.write(f"# autotune {stamp}: starting {' '.join(argv)}\n".encode())
+            log.flush()
+            spawned_at = time.monotonic()
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
+            )
+        server = ServerProcess(
+            popen,
+            host=self.host,
+            port=port,
+            log_path=log_path,
+            spawned_at=spawned_at,
+            memory_before=memory_before,
+            registry=self.registry,
+        )
+        if self.registry is not None:
+            self.registry.add(
+                RegisteredServer(
+                    pid=server.pid,
+                    pgid=server.pgid,
+                    create_time=server.create_time,
+                    study=self.study,
+                    trial=trial,
+                    port=port,
+                    started=dt.datetime.now().isoformat(timespec="seconds"),
+                )
+            )
+        return server
+
+
+def reap_stale_servers(registry_path: Path, *, grace_s: float = 10.0) -> list[int]:
+    """End every registered server group that still has processes; return the pids ended.
+
+    A registered group leader that exited (e.g. SIGKILLed) may have left children in its
+    group, so the whole group is scanned; only processes created no earlier than the
+    registered leader count, which keeps a recycled pid or pgid safe.
+    """
+    registry = StaleServerRegistry(registry_path)
+    ended: list[int] = []
+    for entry in registry.entries():
+        members = _group_members(entry.pgid, entry.create_time)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leader = psutil.Process(entry.pid)
+            if abs(leader.create_time() - entry.create_time) < 0.05 and not _is_gone(leader):
+                if all(p.pid != leader.pid for p in members):
+                    members.append(leader)
+        if members:
+            _signal_all(entry.pgid, members, signal.SIGTERM)
+            _, alive = psutil.wait_procs(members, timeout=grace_s)
+            alive = [p for p in alive if not _is_gone(p)]
+            if alive:
+                _signal_all(entry.pgid, alive, signal.SIGKILL)
+                psutil.wait_procs(alive, timeout=grace_s)
+            ended.extend(p.pid for p in members)
+        if not _group_members(entry.pgid, entry.create_time):
+            registry.remove(entry.pid)
+    return sorted(ended)

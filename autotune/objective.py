@@ -1,0 +1,235 @@
+"""What a trial is worth: the objective (goodput, throughput or a Pareto pair) and the SLOs.
+
+- `goodput` (default): requests per second that meet every per-request SLO, the same number
+  `vllm bench serve --goodput` reports. Maximised.
+- `throughput`: completed requests per second. Maximised.
+- `pareto[:METRIC_pPCT]`: throughput (maximised) against a latency percentile (minimised,
+  default the first SLO's metric and percentile): a two-objective study.
+
+SLO feasibility is an Optuna constraint per SLO: `(measured percentile - threshold) /
+threshold`, <= 0 when met. Relative rather than raw milliseconds because TPE ranks infeasible
+trials by the *sum* of violations, and a 100 ms TTFT miss and a 10 ms TPOT miss are equally bad
+for a 500 ms / 50 ms pair of SLOs. The raw margins in ms are stored too (report, headroom).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from autotune.errors import AutotuneError
+from workloads.slo import SLO, parse_slo, request_tpot_ms
+
+ObjectiveKind = Literal["goodput", "throughput", "pareto"]
+
+# Default SLOs for the embedded tiny model on a 2-core CPU under the sample translation trace
+# (measured, see docs in the report): a sane config keeps p95 TTFT well under a second and
+# per-token time in the tens of ms; starved configs (1-2 seqs) queue and blow TTFT up.
+DEFAULT_CPU_SLOS: tuple[str, ...] = ("ttft_p95_ms=1000", "tpot_p95_ms=100")
+# The reference user's service on a GPU: interactive translation.
+DEFAULT_GPU_SLOS: tuple[str, ...] = ("ttft_p95_ms=500", "tpot_p95_ms=50")
+
+# Failures that say something about the config itself: the sampler should learn to avoid its
+# region (COMPLETE + violated constraint). The others (a busy port, a Ctrl-C) say nothing about
+# the config and are recorded as FAIL, which TPE ignores.
+CONFIG_FAILURES = frozenset({"oom", "start_timeout", "crash", "http_errors", "invalid_config"})
+
+_PARETO = re.compile(r"^pareto(?::(?P<metric>ttft|tpot|itl|e2el)_p(?P<pct>[0-9.]+))?$")
+
+
+class Objective(BaseModel):
+    """The study's objective(s)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ObjectiveKind = "goodput"
+    latency_metric: str | None = None  # pareto only
+    latency_percentile: float | None = None
+
+    @property
+    def directions(self) -> list[str]:
+        return ["maximize", "minimize"] if self.kind == "pareto" else ["maximize"]
+
+    @property
+    def label(self) -> str:
+        """Name of the scalar the gate compares (pareto: its throughput side)."""
+        return "goodput" if self.kind == "goodput" else "throughput"
+
+    @property
+    def unit(self) -> str:
+        return "req/s"
+
+    def spec(self) -> str:
+        if self.kind != "pareto":
+            return self.kind
+        return f"pareto:{self.latency_metric}_p{self.latency_percentile:g}"
+
+    def latency_name(self) -> str:
+        return f"{self.latency_metric}_p{self.latency_percentile:g}_ms"
+
+
+def parse_objective(text: str, slos: Sequence[SLO]) -> Objective:
+    """`goodput`, `throughput`, `pareto` or `pareto:e2el_p99`."""
+    spec = text.strip().lower()
+    if spec in ("goodput", "throughput"):
+        return Objective(kind=spec)  # type: ignore[arg-type]
+    match = _PARETO.match(spec)
+    if match is None:
+        raise AutotuneError(
+            f"--objective {text!r}: expected goodput, throughput, pareto or pareto:METRIC_pPCT "
+            f"(e.g. pareto:e2el_p95)"
+        )
+    if match["metric"]:
+        return Objective(kind="pareto", latency_metric=match["metric"], latency_percentile=float(match["pct"]))
+    first = slos[0] if slos else SLO(metric="e2el", percentile=95, threshold_ms=1)
+    return Objective(kind="pareto", latency_metric=first.metric, latency_percentile=first.percentile)
+
+
+def default_slos(accelerator: str) -> list[SLO]:
+    return [parse_slo(text) for text in (DEFAULT_GPU_SLOS if accelerator == "gpu" else DEFAULT_CPU_SLOS)]
+
+
+class Evaluation(BaseModel):
+    """One measured run scored: what is told to Optuna and shown in the report."""
+
+    values: list[float]  # one per study direction
+    score: float  # the scalar the gate compares (goodput or throughput), 0 when it failed
+    measured_ms: dict[str, float | None]  # SLO spec -> measured percentile
+    margins_ms: dict[str, float | None]  # SLO spec -> measured - threshold (<= 0 met)
+    constraints: dict[str, float]  # Optuna constraint name -> value (<= 0 feasible)
+    slo_met: bool  # ran and met every SLO
+    ok: bool  # the run completed (no failure)
+    failure: str | None = None
+    failure_detail: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return all(value <= 0 for value in self.constraints.values())
+
+
+def measured_percentile(
+    summary: Any, trial_dir: str | Path | None, metric: str, percentile: float
+) -> float | None:
+    """The run's `percentile` of `metric` in ms: from the summary when it carries that
+    percentile, else from the run's requests.jsonl."""
+    name = {50.0: "median", 90.0: "p90", 95.0: "p95", 99.0: "p99"}.get(float(percentile))
+    if summary is not None and name is not None:
+        value = getattr(summary, f"{name}_{metric}_ms", None)
+        if value is not None:
+            return float(value)
+    if trial_dir is None:
+        return None
+    values = _record_values(Path(trial_dir) / "requests.jsonl", metric)
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=np.float64), percentile))
+
+
+def _record_values(path: Path, metric: str) -> list[float]:
+    if not path.exists():
+        return []
+    values: list[float] = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            record = _Record.model_validate(json.loads(line))
+            if record.error is not None:
+                continue
+            if metric == "itl":
+                values.extend(record.itl_ms)
+                continue
+            value = {
+                "ttft": record.ttft_ms,
+                "e2el": record.e2e_ms,
+                "tpot": request_tpot_ms(record),
+            }[metric]
+            if value is not None:
+                values.append(value)
+    return values
+
+
+class _Record(BaseModel):
+    """The fields of a requests.jsonl line the objective reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    itl_ms: list[float] = []
+    output_tokens: int = 0
+    error: str | None = None
+
+
+def evaluate(outcome: Any, objective: Objective, slos: Sequence[SLO]) -> Evaluation:
+    """Score a TrialOutcome. A failed or unmeasured run scores 0 and violates a 'ran'
+    constraint, so the sampler ranks it below every run that worked."""
+    summary = outcome.summary if outcome.ok else None
+    measured: dict[str, float | None] = {}
+    margins: dict[str, float | None] = {}
+    constraints: dict[str, float] = {"ran": 0.0 if summary is not None else 1.0}
+    slo_met = summary is not None
+    for slo in slos:
+        spec = slo.spec()
+        value = (
+            measured_percentile(summary, outcome.trial_dir, slo.metric, slo.percentile)
+            if summary is not None
+            else None
+        )
+        measured[spec] = value
+        margins[spec] = None if value is None else value - slo.threshold_ms
+        # Unmeasurable (no request finished) counts as a full miss.
+        relative = 1.0 if value is None else (value - slo.threshold_ms) / slo.threshold_ms
+        constraints[f"slo:{spec}"] = relative
+        slo_met = slo_met and value is not None and value <= slo.threshold_ms
+    if summary is None:
+        throughput = goodput = 0.0
+    else:
+        throughput = float(summary.request_throughput)
+        goodput = float(summary.request_goodput) if summary.request_goodput is not None else throughput
+    score = goodput if objective.kind == "goodput" else throughput
+    if objective.kind == "pareto":
+        latency = (
+            measured_percentile(summary, outcome.trial_dir, objective.latency_metric or "e2el",
+                                objective.latency_percentile or 95.0)
+            if summary is not None
+            else None
+        )
+        values = [throughput, latency if latency is not None else math.inf]
+    else:
+        values = [score]
+    return Evaluation(
+        values=values,
+        score=score,
+        measured_ms=measured,
+        margins_ms=margins,
+        constraints=constraints,
+        slo_met=slo_met,
+        ok=bool(outcome.ok),
+        failure=outcome.failure,
+        failure_detail=outcome.failure_detail,
+    )
+
+
+def invalid_config_evaluation(objective: Objective, slos: Sequence[SLO], reason: str) -> Evaluation:
+    """The score of a config that breaks a relation and was never launched."""
+    constraints = {"ran": 1.0, **{f"slo:{slo.spec()}": 1.0 for slo in slos}}
+    values = [0.0, math.inf] if objective.kind == "pareto" else [0.0]
+    return Evaluation(
+        values=values,
+        score=0.0,
+        measured_ms={slo.spec(): None for slo in slos},
+        margins_ms={slo.spec(): None for slo in slos},
+        constraints=constraints,
+        slo_met=False,
+        ok=False,
+        failure="invalid_config",
+        failure_detail=reason,
+    )

@@ -1,0 +1,416 @@
+"""`report.md` and its plots: what was tried, what won, by how much, at what cost.
+
+Plots are PNGs next to the report (matplotlib, Agg backend, no display needed):
+history.png, importances.png (>= 2 varied parameters and enough trials), pareto.png
+(two-objective studies), latency_cdf.png (validation runs, winner vs baseline),
+kv_cache.png (server metrics timelines of the same runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict
+
+from autotune.gate import BASELINE, GateDecision, Measurement
+from autotune.objective import Objective
+from autotune.progress import format_duration
+from autotune.study import atomic_write_text, is_baseline, trial_label
+from workloads.slo import SLO
+
+MIN_TRIALS_FOR_IMPORTANCE = 4
+
+
+class ReportInputs(BaseModel):
+    """What the report is made of (all of it already measured and stored)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    study: Any  # optuna.Study
+    objective: Objective
+    slos: list[SLO]
+    decision: GateDecision
+    measurements: list[Measurement]
+    run_dirs: dict[str, list[Path]]
+    provenance: dict[str, Any]
+    best_yaml: Path
+    search_wall_s: float
+    gate_wall_s: float
+    gate_server_s: float
+    workload_profile: str = ""
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        if math.isinf(value) or math.isnan(value):
+            return "-"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], list[list[str]]]:
+    trials = study.get_trials(deepcopy=False)
+    names: list[str] = []
+    for trial in trials:
+        for name in trial.user_attrs.get("engine_params", {}):
+            if name not in names:
+                names.append(name)
+    header = ["trial", *names, objective.label, "SLOs", "failure", "wall"]
+    rows = []
+    for trial in trials:
+        params = trial.user_attrs.get("engine_params", {})
+        overrides = trial.user_attrs.get("overrides", {})
+        label = trial_label(trial.number) + (" (baseline)" if is_baseline(trial) else "")
+        cells = [label]
+        for name in names:
+            value = _fmt(params.get(name))
+            # Values the baseline did not set are vLLM's defaults: marked so nobody reads them
+            # as tuned.
+            cells.append(value if name in overrides or not is_baseline(trial) else f"{value}*")
+        if trial.state == TrialState.COMPLETE:
+            score = _fmt(trial.user_attrs.get("score"))
+            slo = "met" if trial.user_attrs.get("slo_met") else "missed"
+        else:
+            score, slo = "-", trial.state.name.lower()
+        failure = trial.user_attrs.get("failure") or ""
+        detail = trial.user_attrs.get("failure_detail") or trial.user_attrs.get("interrupted") or ""
+        if detail:
+            failure = f"{failure}: {detail}" if failure else str(detail)
+        cells += [score, slo, failure[:120], format_duration(trial.user_attrs.get("wall_s"))]
+        rows.append(cells)
+    return header, rows
+
+
+def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    study = inputs.study
+    objective = inputs.objective
+    decision = inputs.decision
+    provenance = inputs.provenance
+    plots = write_plots(output_dir, inputs)
+    lines: list[str] = [f"# vllm-autotune report: {provenance['study']['name']}", ""]
+
+    if decision.keep_baseline:
+        lines += [
+            "**RESULT: THE BASELINE WAS KEPT.** No searched config beat it beyond the measured "
+            f"noise and every SLO in every repeat. `{inputs.best_yaml.name}` holds the baseline.",
+            "",
+            f"Why: {decision.reason}.",
+        ]
+    else:
+        lines += [
+            f"**RESULT: {decision.winner} is better than the baseline** "
+            f"({_pct(decision.effect)} {objective.label}). `{inputs.best_yaml.name}` holds it.",
+            "",
+            f"Why: {decision.reason}.",
+        ]
+    overrides = provenance["decision"]["overrides"]
+    if overrides:
+        lines += ["", "Changed engine arguments: " + ", ".join(f"`{k}={v}`" for k, v in overrides.items())]
+    lines += [
+        "",
+        f"Deploy: `python -m server --config {inputs.best_yaml.name}` or "
+        f"`vllm serve --config {inputs.best_yaml.name}`.",
+        "",
+        f"Command: `{provenance['command_line']}`  ",
+        f"Date: {provenance['date']}; vLLM {provenance['vllm_version']}; model `{provenance['model']}`; "
+        f"hardware: {_hardware(provenance['hardware'])}.",
+        "",
+        "## Objective and SLOs",
+        "",
+        f"Objective: **{objective.spec()}** ({objective.unit}). SLOs (p-th percentile of the run "
+        f"must be at most the threshold; a request is *good* when its own values meet every "
+        f"threshold): {', '.join(f'`{s.spec()}`' for s in inputs.slos) or 'none'}.",
+        "",
+        "## Workload",
+        "",
+        f"Trace `{provenance['workload'].get('source')}`, fingerprint "
+        f"`{provenance['workload'].get('fingerprint')}`. Tuning window "
+        f"{_window(provenance['workload'].get('tuning_window'))}, held-out window "
+        f"{_window(provenance['workload'].get('holdout_window'))}; replay mode "
+        f"`{provenance['workload'].get('mode')}`, speedup {provenance['workload'].get('speedup')}.",
+    ]
+    if inputs.workload_profile:
+        lines += ["", "```", inputs.workload_profile.rstrip(), "```"]
+
+    lines += ["", "## Baseline", "", f"Source: {provenance['baseline']['source']}."]
+    defaults = provenance["baseline"].get("effective_defaults") or {}
+    if defaults:
+        usage = defaults.get("usage_context")
+        lines += [
+            "",
+            "Engine settings the baseline ran with (vLLM's defaults resolved"
+            + (f" for usage context `{usage}`" if usage else "")
+            + "): "
+            + ", ".join(f"`{k}={v}`" for k, v in defaults.items() if k != "usage_context")
+            + ".",
+        ]
+    else:
+        lines += ["", "vLLM's resolved defaults could not be determined (see the tuner's log)."]
+
+    lines += ["", "## Validation on the held-out window", ""]
+    lines += _validation_section(inputs)
+
+    lines += ["", "## Trials", ""]
+    header, rows = trial_rows(study, objective)
+    lines += _table(header, rows)
+    lines += ["", "`*` = not set by the baseline: vLLM's default, as resolved before the run."]
+
+    trials = study.get_trials(deepcopy=False)
+    search_server_s = sum(float(t.user_attrs.get("server_s") or 0.0) for t in trials)
+    launched = sum(1 for t in trials if t.user_attrs.get("server_s"))
+    lines += [
+        "",
+        "## Search cost",
+        "",
+        f"- trials: {len(trials)} ({sum(t.state == TrialState.COMPLETE for t in trials)} complete, "
+        f"{sum(t.state == TrialState.PRUNED for t in trials)} pruned, "
+        f"{sum(t.state == TrialState.FAIL for t in trials)} failed; {launched} started a server)",
+        f"- search wall time: {format_duration(inputs.search_wall_s)} ({inputs.search_wall_s:.0f} s)",
+        f"- validation wall time: {format_duration(inputs.gate_wall_s)} ({inputs.gate_wall_s:.0f} s), "
+        f"{len(inputs.measurements)} runs",
+        f"- accelerator time (a server process up, start to teardown): "
+        f"{search_server_s + inputs.gate_server_s:.0f} s",
+    ]
+    if plots:
+        lines += ["", "## Plots", ""]
+        for title, name in plots:
+            lines += [f"### {title}", "", f"![{title}]({name})", ""]
+    path = output_dir / "report.md"
+    atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
+    return path
+
+
+def _hardware(hardware: dict[str, Any]) -> str:
+    if hardware.get("gpus"):
+        return ", ".join(hardware["gpus"])
+    return f"{hardware.get('cpu')} ({hardware.get('cpu_count')} cores)"
+
+
+def _window(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "-"
+    return f"{info['start_s']:.0f}-{info['end_s']:.0f} s ({info['requests']} requests)"
+
+
+def _validation_section(inputs: ReportInputs) -> list[str]:
+    decision = inputs.decision
+    if not inputs.measurements:
+        return [f"Not run: {decision.reason}."]
+    objective = inputs.objective
+    base = decision.baseline_median
+    rows = []
+    for stats in decision.stats:
+        change = None if not base or stats.candidate == BASELINE else (stats.median - base) / base
+        rows.append(
+            [
+                stats.candidate + (" (emitted)" if stats.candidate == decision.winner else ""),
+                ", ".join(_fmt(v) for v in stats.values),
+                _fmt(stats.median),
+                _pct(change),
+                "-" if stats.relative_spread is None else f"{stats.relative_spread:.1%}",
+                "yes" if stats.eligible else f"no: {stats.why_not}",
+            ]
+        )
+    lines = _table(
+        ["config", f"{objective.label} per repeat ({objective.unit})", "median", "vs baseline",
+         "spread", "every SLO every repeat"],
+        rows,
+    )
+    if decision.ci_low is not None:
+        lines += [
+            "",
+            f"Best candidate {decision.best_candidate}: effect {_pct(decision.effect)}, "
+            f"{decision.confidence:.0%} bootstrap CI of the median difference "
+            f"[{_fmt(decision.ci_low)}, {_fmt(decision.ci_high)}] {objective.unit}; baseline noise "
+            f"(relative spread) {'-' if decision.noise is None else f'{decision.noise:.1%}'}. "
+            "Rule: emit only if the CI lies above 0 and the effect exceeds the baseline's spread.",
+        ]
+    headroom = _headroom(inputs.measurements, inputs.slos)
+    if headroom:
+        lines += ["", "SLO headroom (threshold minus the worst repeat's percentile; negative = missed):", ""]
+        lines += _table(["config", *[s.spec() for s in inputs.slos]], headroom)
+    return lines
+
+
+def _headroom(measurements: Sequence[Measurement], slos: Sequence[SLO]) -> list[list[str]]:
+    rows = []
+    names = list(dict.fromkeys(m.candidate for m in measurements))
+    for name in names:
+        runs = [m for m in measurements if m.candidate == name]
+        cells = [name]
+        for slo in slos:
+            margins = [m.margins_ms.get(slo.spec()) for m in runs]
+            if any(v is None for v in margins) or not margins:
+                cells.append("-")
+            else:
+                cells.append(f"{-max(margins):.0f} ms")  # type: ignore[type-var]
+        rows.append(cells)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def write_plots(output_dir: Path, inputs: ReportInputs) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[tuple[str, str]] = []
+
+    def save(fig: Any, name: str, title: str) -> None:
+        fig.tight_layout()
+        fig.savefig(output_dir / name, dpi=110)
+        plt.close(fig)
+        written.append((title, name))
+
+    study = inputs.study
+    objective = inputs.objective
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if trials:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        xs = [t.number for t in trials]
+        ys = [float(t.user_attrs.get("score", 0.0)) for t in trials]
+        feasible = [all(v <= 0 for v in t.constraints.values()) for t in trials]
+        ax.scatter([x for x, f in zip(xs, feasible, strict=True) if f], [y for y, f in zip(ys, feasible, strict=True) if f],
+                   label="feasible", color="tab:blue")
+        ax.scatter([x for x, f in zip(xs, feasible, strict=True) if not f], [y for y, f in zip(ys, feasible, strict=True) if not f],
+                   label="infeasible (SLO missed / failed)", color="tab:red", marker="x")
+        best, running = [], -math.inf
+        for y, f in zip(ys, feasible, strict=True):
+            running = max(running, y) if f else running
+            best.append(running if running > -math.inf else np.nan)
+        ax.step(xs, best, where="post", color="tab:green", label="best feasible so far")
+        ax.set_xlabel("trial")
+        ax.set_ylabel(f"{objective.label} ({objective.unit})")
+        ax.legend(fontsize=8)
+        save(fig, "history.png", "Optimisation history")
+
+    importances = _importances(study, trials)
+    if importances:
+        fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * len(importances)))
+        names = list(importances)[::-1]
+        ax.barh(names, [importances[n] for n in names])
+        ax.set_xlabel("importance (fANOVA)")
+        save(fig, "importances.png", "Parameter importances")
+
+    if objective.kind == "pareto" and trials:
+        feasible_trials = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
+        if feasible_trials:
+            front = {t.number for t in study.best_trials}
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for trial in feasible_trials:
+                on = trial.number in front
+                ax.scatter(trial.values[1], trial.values[0], color="tab:red" if on else "tab:gray")
+            ax.set_xlabel(objective.latency_name())
+            ax.set_ylabel(f"throughput ({objective.unit})")
+            ax.set_title("Pareto front (red), feasible trials")
+            save(fig, "pareto.png", "Pareto front")
+
+    shown = _shown_runs(inputs)
+    cdf_runs = {name: _latencies(dirs) for name, dirs in shown.items()}
+    if any(values["ttft"] for values in cdf_runs.values()):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        for name, values in cdf_runs.items():
+            for ax, metric in zip(axes, ("ttft", "e2el"), strict=True):
+                data = np.sort(np.asarray(values[metric]))
+                if data.size:
+                    ax.plot(data, np.arange(1, data.size + 1) / data.size, label=name)
+        for ax, metric in zip(axes, ("TTFT (ms)", "end-to-end latency (ms)"), strict=True):
+            ax.set_xlabel(metric)
+            ax.set_ylabel("fraction of requests")
+            ax.legend(fontsize=8)
+        save(fig, "latency_cdf.png", "Latency CDFs on the held-out window (all repeats)")
+
+    timelines = {name: _timelines(dirs) for name, dirs in shown.items()}
+    if any(timelines.values()):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for name, series in timelines.items():
+            for index, (ts, usage) in enumerate(series):
+                ax.plot(ts, usage, label=name if index == 0 else None,
+                        color="tab:blue" if name == BASELINE else "tab:orange", alpha=0.8)
+        ax.set_xlabel("seconds into the window")
+        ax.set_ylabel("KV-cache usage (0-1)")
+        ax.legend(fontsize=8)
+        save(fig, "kv_cache.png", "KV-cache usage over time (held-out runs)")
+    return written
+
+
+def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, float]:
+    varied = {
+        name
+        for name in (trials[0].params if trials else {})
+        if len({t.params.get(name) for t in trials}) > 1
+    }
+    if len(varied) < 2 or len(trials) < MIN_TRIALS_FOR_IMPORTANCE:
+        return {}
+    try:
+        # Importances need one shared parameter set; the baseline may lack some.
+        return optuna.importance.get_param_importances(
+            study, params=sorted(varied), target=lambda t: float(t.user_attrs.get("score", 0.0))
+        )
+    except (RuntimeError, ValueError):
+        return {}
+
+
+def _shown_runs(inputs: ReportInputs) -> dict[str, list[Path]]:
+    decision = inputs.decision
+    names = [BASELINE]
+    other = decision.winner if not decision.keep_baseline else decision.best_candidate
+    if other and other != BASELINE:
+        names.append(other)
+    return {name: inputs.run_dirs.get(name, []) for name in names}
+
+
+def _latencies(dirs: Sequence[Path]) -> dict[str, list[float]]:
+    values: dict[str, list[float]] = {"ttft": [], "e2el": []}
+    for directory in dirs:
+        path = directory / "requests.jsonl"
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if record.get("error") is None and record.get("ttft_ms") is not None:
+                values["ttft"].append(record["ttft_ms"])
+                if record.get("e2e_ms") is not None:
+                    values["e2el"].append(record["e2e_ms"])
+    return values
+
+
+def _timelines(dirs: Sequence[Path]) -> list[tuple[list[float], list[float]]]:
+    series = []
+    for directory in dirs:
+        path = directory / "server_metrics.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        points = [p for p in data.get("timeline", []) if p.get("kv_cache_usage") is not None]
+        if points:
+            series.append(([p["t_s"] for p in points], [p["kv_cache_usage"] for p in points]))
+    return series

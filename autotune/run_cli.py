@@ -1,0 +1,303 @@
+"""`autotune run`: search, validate, export `best.yaml` and write `report.md`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.progress import format_duration, parse_duration
+
+# Defaults sized for the embedded tiny model on a 2-core CPU: 6 trials (baseline included) on
+# a 30 s window, then the top 2 and the baseline twice on a 20 s held-out window. Each run
+# costs ~30 s of engine start plus its window: about 10 minutes in all.
+DEFAULT_TRIALS = 6
+DEFAULT_TUNING_S = 30.0
+DEFAULT_HOLDOUT_S = 20.0
+DEFAULT_TOP_K = 2
+DEFAULT_REPEATS = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="tune a vLLM config on a traffic trace and export best.yaml + report.md",
+        description=(
+            "Search engine settings on a window of your trace, re-check the best few and the "
+            "baseline on a held-out window, and write RESULTS/best.yaml (a `vllm serve --config` "
+            "file) and RESULTS/report.md. The baseline is kept unless a config beats it beyond "
+            "the measured noise while meeting every SLO in every repeat."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--workload", required=True, metavar="TRACE.jsonl", help="the traffic trace to tune on")
+    add("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
+        help="trials in the search, the baseline included (with --resume: the study's total)")
+    add("--time-budget", default=None, metavar="DURATION",
+        help="stop starting search trials after this long, e.g. 900, 30m, 1.5h (the gate runs after)")
+    add("--study-name", default=None,
+        help="Optuna study name (default: the workload's file name and today's date)")
+    add("--output-dir", type=Path, default=None, metavar="DIR",
+        help="where trials, best.yaml and report.md go (default: results/STUDY_NAME/)")
+    add("--storage", default=None, metavar="URL",
+        help="Optuna storage URL, any RDB (default: sqlite:///OUTPUT_DIR/study.db)")
+    add("--resume", action="store_true",
+        help="continue the study of this name: keeps its trials, closes ones a killed run left open")
+    add("--model", default=None, metavar="PATH",
+        help="model to serve (default: the embedded tiny model, dummy weights)")
+    add("--load-format", default=None,
+        help="vLLM load format, e.g. dummy for random weights of the real shape")
+    add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len")
+    add("--baseline", type=Path, default=None, metavar="FILE.yaml",
+        help="the config you run today (a server/vllm serve config); default: vLLM's defaults")
+    add("--space", type=Path, default=None, metavar="FILE.yaml",
+        help="widen/narrow/add searched engine arguments and relations (see autotune/space.py)")
+    add("--slo", action="append", default=None, metavar="METRIC_pPCT_ms=MS",
+        help="an SLO, repeatable, e.g. --slo ttft_p95_ms=500 (default on CPU: "
+             "ttft_p95_ms=1000 and tpot_p95_ms=100; on GPU: ttft_p95_ms=500 and tpot_p95_ms=50)")
+    add("--objective", default="goodput",
+        help="goodput (req/s meeting every SLO), throughput, or pareto[:METRIC_pPCT] "
+             "(throughput vs a latency percentile)")
+    add("--seed", type=int, default=0, help="sampler seed")
+    add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
+        help="seconds of trace replayed per search trial")
+    add("--holdout-window", type=float, default=DEFAULT_HOLDOUT_S, metavar="S",
+        help="seconds of (disjoint) trace replayed per validation run")
+    add("--speedup", type=float, default=1.0,
+        help="replay arrivals this many times faster than recorded (timed mode)")
+    add("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
+        help="configs from the search re-run in validation")
+    add("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R",
+        help="validation repeats per config (interleaved)")
+    add("--mode", default="timed", metavar="timed|concurrency=N",
+        help="replay at recorded arrival times, or closed loop with N requests in flight")
+    add("--startup-timeout", type=float, default=300.0, metavar="S",
+        help="seconds a server may take to become ready before the trial fails")
+    parser.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from autotune.launcher import reap_stale_servers
+    from autotune.trial import TrialRunner
+
+    if args.trials is not None and args.trials < 1:
+        raise AutotuneError(f"--trials {args.trials}: must be at least 1 (the baseline)")
+    if args.top_k < 1 or args.repeats < 1:
+        raise AutotuneError("--top-k and --repeats must be at least 1")
+    budget = parse_duration(args.time_budget) if args.time_budget else None
+    study_name = args.study_name or f"{Path(args.workload).stem}-{dt.date.today():%Y%m%d}"
+    output_dir: Path = args.output_dir or Path("results") / study_name
+    plan = plan_study(args, study_name=study_name, output_dir=output_dir, time_budget_s=budget)
+    runner = TrialRunner(
+        mode=args.mode,
+        speedup=args.speedup,
+        slos=plan["slos"],
+        startup_timeout_s=args.startup_timeout,
+        stale_registry=output_dir / "servers.json",
+    )
+    return execute(plan, runner=runner, reap=reap_stale_servers, argv=sys.argv)
+
+
+def plan_study(
+    args: argparse.Namespace, *, study_name: str, output_dir: Path, time_budget_s: float | None
+) -> dict[str, Any]:
+    """Everything checked and prepared before the first trial (no server started)."""
+    from autotune.objective import default_slos, parse_objective
+    from autotune.space import SearchSpace, engine_argument_names
+    from autotune.study import StudyOptions, check_writable
+    from workloads.profile import format_profile, profile_trace
+    from workloads.slo import parse_slos
+    from workloads.trace import load_trace
+    from workloads.windows import select_windows
+
+    check_writable(output_dir)  # first: an unwritable folder must not cost a trial
+    accelerator = detect_accelerator()
+    slos = parse_slos(args.slo) if args.slo else default_slos(accelerator)
+    objective = parse_objective(args.objective, slos)
+    known = engine_argument_names()
+    if args.space is not None:
+        space = SearchSpace.load(args.space, accelerator, known_names=known)
+    else:
+        space = SearchSpace.default(accelerator)
+        space.check_names(known)
+    baseline, baseline_source = load_baseline(args)
+    trace = load_trace(args.workload)
+    tuning, holdout, windows = select_windows(trace, args.tuning_window, args.holdout_window)
+    profile = profile_trace(trace)
+    options = StudyOptions(
+        study_name=study_name,
+        output_dir=output_dir,
+        storage=args.storage,
+        resume=args.resume,
+        n_trials=args.trials,
+        time_budget_s=time_budget_s,
+        seed=args.seed,
+        top_k=args.top_k,
+        repeats=args.repeats,
+    )
+    workload = {
+        "source": str(args.workload),
+        "fingerprint": profile.fingerprint,
+        "profile": profile.model_dump(mode="json", exclude={"length_sample"}),
+        "tuning_window": windows.tuning.model_dump(mode="json"),
+        "holdout_window": windows.holdout.model_dump(mode="json"),
+        "mode": args.mode,
+        "speedup": args.speedup,
+    }
+    return {
+        "options": options,
+        "accelerator": accelerator,
+        "slos": slos,
+        "objective": objective,
+        "space": space,
+        "baseline": baseline,
+        "baseline_source": baseline_source,
+        "tuning": tuning,
+        "holdout": holdout,
+        "workload": workload,
+        "profile_text": format_profile(profile),
+    }
+
+
+def detect_accelerator() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def load_baseline(args: argparse.Namespace) -> tuple[Any, str]:
+    """The config the user runs today, or vLLM's defaults for the chosen model."""
+    from server.config import ServerConfig, default_engine_settings
+
+    if args.baseline is not None:
+        baseline = ServerConfig.load(args.baseline)
+        source = f"{args.baseline}"
+    else:
+        engine = default_engine_settings()
+        if args.model is not None:
+            # The embedded model's own settings do not apply to another model; keep only
+            # what this machine needs (eager mode / CPU memory share on CPU).
+            for key in ("model", "load_format", "dtype", "max_model_len"):
+                engine.pop(key, None)
+        baseline = ServerConfig(engine=engine)
+        source = "vLLM's defaults (no engine overrides)"
+    engine = dict(baseline.engine)
+    if args.model is not None:
+        engine["model"] = args.model
+    if args.load_format is not None:
+        engine["load_format"] = args.load_format
+    if args.max_model_len is not None:
+        engine["max_model_len"] = args.max_model_len
+    return baseline.model_copy(update={"engine": engine, "provenance": None}), source
+
+
+def resolve_defaults(baseline: Any) -> dict[str, Any]:
+    """What vLLM will actually use for the baseline (defaults resolved), or {} if it cannot
+    tell without starting an engine; reported as "which defaults the baseline used"."""
+    try:
+        # The server owns the usage context it builds the engine with; ask it, not guess.
+        from server.engine import effective_settings, resolve_engine_config
+
+        settings = effective_settings(resolve_engine_config(baseline))
+    except Exception as error:  # noqa: BLE001 - an unresolvable default only costs a report line
+        print(f"autotune: note: could not resolve vLLM's defaults ({error}); continuing", file=sys.stderr)
+        return {}
+    keep = ("usage_context", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+            "max_model_len", "block_size", "enforce_eager")
+    data = settings.model_dump()
+    return {key: data[key] for key in keep if data.get(key) is not None}
+
+
+def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) -> int:
+    from autotune.export import build_provenance, export_best, final_config
+    from autotune.report import ReportInputs, write_report
+    from autotune.study import TuningStudy
+
+    options = plan["options"]
+    say = _say
+    effective = resolve_defaults(plan["baseline"])
+    tuning = TuningStudy(
+        options=options,
+        space=plan["space"],
+        objective=plan["objective"],
+        slos=plan["slos"],
+        baseline=plan["baseline"],
+        baseline_source=plan["baseline_source"],
+        tuning_window=plan["tuning"],
+        holdout_window=plan["holdout"],
+        runner=runner,
+        effective_defaults=effective,
+        study_attrs={"workload_fingerprint": plan["workload"]["fingerprint"]},
+        reap=reap,
+        say=say,
+    )
+    study = tuning.open()
+    say(
+        f"study {options.study_name} in {options.storage_url}: objective {plan['objective'].spec()}, "
+        f"SLOs {', '.join(s.spec() for s in plan['slos'])}; searching "
+        + ", ".join(f"{k} ({v})" for k, v in plan["space"].describe().items())
+    )
+    study = tuning.run_search()
+    say(f"search done in {format_duration(tuning.search_wall_s)}; validating on the held-out window")
+    result = tuning.validate(study)
+    decision = result.decision
+    overrides: dict[str, Any] = {}
+    if not decision.keep_baseline:
+        number = int(decision.winner.split("-")[1])
+        overrides = study.trials[number].user_attrs.get("overrides", {})
+    validation = [m.model_dump() for m in result.measurements]
+    provenance = build_provenance(
+        decision=decision,
+        winner_overrides=overrides,
+        objective=plan["objective"],
+        slos=plan["slos"],
+        study_name=options.study_name,
+        storage_url=options.storage_url,
+        command_line=argv,
+        model=str(plan["baseline"].engine.get("model")),
+        workload=plan["workload"],
+        baseline_source=plan["baseline_source"],
+        effective_defaults=effective,
+        validation=validation,
+        search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
+                "validation_wall_s": round(result.wall_s, 1)},
+    )
+    best_path = options.output_dir / "best.yaml"
+    export_best(best_path, final_config(plan["baseline"], overrides), provenance)
+    report = write_report(
+        options.output_dir,
+        ReportInputs(
+            study=study,
+            objective=plan["objective"],
+            slos=plan["slos"],
+            decision=decision,
+            measurements=result.measurements,
+            run_dirs=result.run_dirs,
+            provenance=provenance,
+            best_yaml=best_path,
+            search_wall_s=tuning.search_wall_s,
+            gate_wall_s=result.wall_s,
+            gate_server_s=result.server_s,
+            workload_profile=plan["profile_text"],
+        ),
+    )
+    if decision.keep_baseline:
+        say("")
+        say("*** KEPT THE BASELINE: no config beat it beyond the noise. ***")
+        say(f"*** {decision.reason} ***")
+        say(f"*** {best_path} holds the baseline config. ***")
+    else:
+        say(f"winner {decision.winner}: {decision.reason}")
+        say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    say(f"wrote {best_path} and {report}")
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

@@ -1,0 +1,436 @@
+"""The search space: which engine arguments the tuner varies, over which ranges, under which rules.
+
+A space is a set of parameters (each an `AsyncEngineArgs` field) plus relations between them.
+Defaults follow the product card (max_num_seqs 1-32, batched tokens a power of two,
+gpu_memory_utilization a band that suits the device); `--space FILE.yaml` widens, narrows,
+drops or adds parameters and relations:
+
+    params:
+      max_num_seqs: {type: int, low: 1, high: 64, log: true}
+      enable_prefix_caching: {type: categorical, choices: [true, false]}
+      gpu_memory_utilization: null          # stop varying it (the baseline's value stays)
+    relations:
+      - "max_num_batched_tokens >= 2048 if not enable_chunked_prefill"
+      - {left: max_num_batched_tokens, op: ">=", right: max_model_len, when: "not enable_chunked_prefill"}
+
+Relations use a tiny grammar (`A OP B [if [not] NAME [OP VALUE]]`, operands are parameter or
+engine-argument names, numbers or true/false): parsed, never evaluated as Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:
+    import optuna
+
+Accelerator = Literal["cpu", "gpu"]
+Scalar = bool | int | float | str
+Op = Literal[">=", "<=", ">", "<", "==", "!="]
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+# Prefix of the Optuna parameter that holds a power-of-two argument's exponent; the engine
+# value is 2**exponent, so TPE models the ordered exponent rather than unordered categories.
+POW2_PREFIX = "log2_"
+
+
+class ParamSpec(BaseModel):
+    """One engine argument the tuner varies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["int", "pow2", "float", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: list[Scalar] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ParamSpec:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
+        if self.low > self.high:
+            raise ValueError(f"low {self.low:g} is above high {self.high:g}")
+        if self.type in ("int", "pow2") and (self.low != int(self.low) or self.high != int(self.high)):
+            raise ValueError(f"an {self.type} parameter needs whole-number bounds")
+        if self.type == "pow2":
+            for bound in (self.low, self.high):
+                if bound < 1 or not _is_pow2(int(bound)):
+                    raise ValueError(f"pow2 bound {bound:g} is not a power of two")
+        if self.log and self.low <= 0:
+            raise ValueError("a log-scale parameter needs low > 0")
+        return self
+
+    def contains(self, value: Any) -> bool:
+        """True when `value` is one the space can propose (so the baseline can be enqueued)."""
+        if self.type == "categorical":
+            assert self.choices is not None
+            return any(type(value) is type(choice) and value == choice for choice in self.choices)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        assert self.low is not None and self.high is not None
+        if not self.low <= value <= self.high:
+            return False
+        if self.type == "int":
+            return float(value).is_integer()
+        if self.type == "pow2":
+            return float(value).is_integer() and _is_pow2(int(value))
+        return True
+
+    def describe(self) -> str:
+        if self.type == "categorical":
+            return "one of " + ", ".join(str(c) for c in self.choices or [])
+        assert self.low is not None and self.high is not None
+        if self.type == "pow2":
+            return f"powers of two {int(self.low)}..{int(self.high)}"
+        kind = "int" if self.type == "int" else "float"
+        scale = ", log scale" if self.log else ""
+        low, high = (int(self.low), int(self.high)) if kind == "int" else (self.low, self.high)
+        return f"{kind} {low}..{high}{scale}"
+
+
+class RelationSpec(BaseModel):
+    """A relation in structured form: `left op right`, only checked `when` the condition holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    left: Scalar
+    op: Op
+    right: Scalar
+    when: str | None = None
+
+
+class SpaceFile(BaseModel):
+    """The `--space` YAML file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Start from the built-in parameters (true) or from nothing (false).
+    extend_defaults: bool = True
+    # A parameter mapped to null is dropped from the defaults.
+    params: dict[str, ParamSpec | None] = {}
+    relations: list[str | RelationSpec] = []
+
+
+# ---------------------------------------------------------------------------------------------
+# Relations
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """`NAME`, `not NAME` or `NAME OP VALUE`: when a relation applies."""
+
+    name: str
+    negate: bool = False
+    op: str | None = None
+    value: Scalar | None = None
+
+    def holds(self, values: Mapping[str, Any]) -> bool | None:
+        """None when the condition's parameter has no known value."""
+        if values.get(self.name) is None:
+            return None
+        current = values[self.name]
+        result = bool(current) if self.op is None else _OPS[self.op](current, self.value)
+        return not result if self.negate else result
+
+
+@dataclasses.dataclass(frozen=True)
+class Relation:
+    """`left op right [if when]`; operands are names (looked up) or constants."""
+
+    text: str
+    left: Scalar
+    op: str
+    right: Scalar
+    when: Condition | None = None
+
+    def names(self) -> set[str]:
+        found = {x for x in (self.left, self.right) if isinstance(x, str)}
+        if self.when is not None:
+            found.add(self.when.name)
+        return found
+
+    def check(self, values: Mapping[str, Any]) -> bool | None:
+        """True (holds), False (broken) or None (a value it needs is unknown: vLLM decides)."""
+        if self.when is not None:
+            applies = self.when.holds(values)
+            if applies is None:
+                return None
+            if not applies:
+                return True
+        left = _operand_value(self.left, values)
+        right = _operand_value(self.right, values)
+        if left is None or right is None:
+            return None
+        return bool(_OPS[self.op](left, right))
+
+
+def _operand_value(operand: Scalar, values: Mapping[str, Any]) -> Any:
+    return values.get(operand) if isinstance(operand, str) else operand
+
+
+_TOKEN = re.compile(r"\s*(>=|<=|==|!=|>|<|[A-Za-z_][A-Za-z0-9_]*|-?[0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)")
+
+
+def _tokens(text: str) -> list[str]:
+    tokens: list[str] = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        match = _TOKEN.match(text, position)
+        if match is None:
+            raise ValueError(f"cannot read {text[position:]!r}")
+        tokens.append(match.group(1))
+        position = match.end()
+    return tokens
+
+
+def _constant_or_name(token: str) -> Scalar:
+    if token in _OPS:
+        raise ValueError(f"expected a name or a number, got {token!r}")
+    lowered = token.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        number = float(token)
+    except ValueError:
+        return token
+    return int(number) if number.is_integer() and "." not in token and "e" not in lowered else number
+
+
+def parse_condition(text: str) -> Condition:
+    tokens = _tokens(text)
+    negate = bool(tokens) and tokens[0] == "not"
+    if negate:
+        tokens = tokens[1:]
+    if len(tokens) == 1 and not isinstance(_constant_or_name(tokens[0]), bool | int | float):
+        return Condition(name=tokens[0], negate=negate)
+    if len(tokens) == 3 and tokens[1] in _OPS:
+        name = _constant_or_name(tokens[0])
+        if not isinstance(name, str):
+            raise ValueError(f"a condition starts with a parameter name, got {tokens[0]!r}")
+        return Condition(name=name, negate=negate, op=tokens[1], value=_constant_or_name(tokens[2]))
+    raise ValueError(f"condition {text!r}: expected NAME, not NAME or NAME OP VALUE")
+
+
+def parse_relation(spec: str | RelationSpec) -> Relation:
+    """`"a >= b"`, `"a >= 2048 if not enable_chunked_prefill"` or a RelationSpec -> Relation."""
+    if isinstance(spec, RelationSpec):
+        when = parse_condition(spec.when) if spec.when else None
+        text = f"{spec.left} {spec.op} {spec.right}" + (f" if {spec.when}" if spec.when else "")
+        return Relation(text=text, left=spec.left, op=spec.op, right=spec.right, when=when)
+    text = spec.strip()
+    main, _, condition = text.partition(" if ")
+    tokens = _tokens(main)
+    if len(tokens) != 3 or tokens[1] not in _OPS:
+        raise ValueError(f"expected 'A OP B [if CONDITION]' with OP one of {' '.join(_OPS)}")
+    left, right = _constant_or_name(tokens[0]), _constant_or_name(tokens[2])
+    when = parse_condition(condition) if condition.strip() else None
+    return Relation(text=text, left=left, op=tokens[1], right=right, when=when)
+
+
+BUILTIN_RELATIONS: tuple[str, ...] = (
+    # vLLM refuses a step budget smaller than the number of sequences it may schedule.
+    "max_num_batched_tokens >= max_num_seqs",
+    # Without chunked prefill a whole prompt must fit in one step.
+    "max_num_batched_tokens >= max_model_len if not enable_chunked_prefill",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Defaults and engine-argument names
+
+
+def default_params(accelerator: Accelerator) -> dict[str, ParamSpec]:
+    """The product card's space. On CPU `gpu_memory_utilization` is the share of CPU memory
+    vLLM reserves for the KV cache (0.92 fails on a 24 GB machine; 0.3 works)."""
+    memory = (
+        ParamSpec(type="float", low=0.80, high=0.95)
+        if accelerator == "gpu"
+        else ParamSpec(type="float", low=0.20, high=0.35)
+    )
+    return {
+        "max_num_seqs": ParamSpec(type="int", low=1, high=32, log=True),
+        "max_num_batched_tokens": ParamSpec(
+            type="pow2", low=32, high=8192 if accelerator == "gpu" else 4096
+        ),
+        "gpu_memory_utilization": memory,
+    }
+
+
+def engine_argument_names() -> frozenset[str]:
+    """Every `AsyncEngineArgs` field of the installed vLLM (import is slow: call once)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return frozenset(field.name for field in dataclasses.fields(AsyncEngineArgs))
+
+
+# ---------------------------------------------------------------------------------------------
+# The space
+
+
+class SearchSpace:
+    """Parameters and relations; proposes configs through an Optuna trial."""
+
+    def __init__(
+        self,
+        params: Mapping[str, ParamSpec],
+        relations: list[Relation] | None = None,
+        *,
+        source: str = "built-in defaults",
+    ) -> None:
+        if not params:
+            raise AutotuneError(f"{source}: the search space has no parameters; add one under 'params:'")
+        self.params = dict(params)
+        self.relations = list(relations) if relations is not None else [
+            parse_relation(text) for text in BUILTIN_RELATIONS
+        ]
+        self.source = source
+
+    @classmethod
+    def default(cls, accelerator: Accelerator) -> SearchSpace:
+        return cls(default_params(accelerator))
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        accelerator: Accelerator,
+        *,
+        known_names: frozenset[str] | None = None,
+    ) -> SearchSpace:
+        """Read `--space FILE.yaml` on top of the defaults; names are checked against
+        `known_names` (AsyncEngineArgs fields) when given."""
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except OSError as error:
+            raise AutotuneError(f"{path}: cannot read the space file: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            raise AutotuneError(f"{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+        try:
+            spec = SpaceFile.model_validate(raw or {})
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise AutotuneError(
+                f"{path}: field '{field}' = {first.get('input')!r}: {first['msg']}"
+            ) from None
+        params = dict(default_params(accelerator)) if spec.extend_defaults else {}
+        for name, param in spec.params.items():
+            if param is None:
+                params.pop(name, None)
+            else:
+                params[name] = param
+        relations = [parse_relation(text) for text in BUILTIN_RELATIONS]
+        for index, item in enumerate(spec.relations):
+            try:
+                relations.append(parse_relation(item))
+            except ValueError as error:
+                raise AutotuneError(f"{path}: field 'relations.{index}' = {item!r}: {error}") from None
+        space = cls(params, relations, source=str(path))
+        if known_names is not None:
+            space.check_names(known_names)
+        return space
+
+    def check_names(self, known: frozenset[str]) -> None:
+        """Every parameter and relation operand must be an engine argument of this vLLM."""
+        for name in self.params:
+            if name not in known:
+                raise AutotuneError(
+                    f"{self.source}: field 'params.{name}': not an engine argument of the installed "
+                    f"vLLM (AsyncEngineArgs); check the spelling (snake_case)"
+                )
+        for relation in self.relations:
+            for name in relation.names():
+                if name not in known:
+                    raise AutotuneError(
+                        f"{self.source}: relation {relation.text!r}: {name!r} is not an engine "
+                        f"argument of the installed vLLM (AsyncEngineArgs)"
+                    )
+
+    # -- proposing -------------------------------------------------------------------------
+
+    def suggest(self, trial: optuna.Trial, only: set[str] | None = None) -> dict[str, Any]:
+        """Ask `trial` for a value of every parameter (or of those in `only`);
+        returns engine argument values (power-of-two exponents already raised)."""
+        values: dict[str, Any] = {}
+        for name, param in self.params.items():
+            if only is not None and name not in only:
+                continue
+            if param.type == "categorical":
+                values[name] = trial.suggest_categorical(name, param.choices)  # type: ignore[arg-type]
+                continue
+            assert param.low is not None and param.high is not None
+            if param.type == "pow2":
+                exponent = trial.suggest_int(
+                    POW2_PREFIX + name, int(math.log2(param.low)), int(math.log2(param.high))
+                )
+                values[name] = 2**exponent
+            elif param.type == "int":
+                step = int(param.step) if param.step else 1
+                values[name] = trial.suggest_int(
+                    name, int(param.low), int(param.high), step=step, log=param.log
+                )
+            else:
+                values[name] = trial.suggest_float(
+                    name, param.low, param.high, step=param.step, log=param.log
+                )
+        return values
+
+    def fixed_params(self, engine_values: Mapping[str, Any]) -> dict[str, Any]:
+        """Optuna parameter values for the engine values the space can represent (used to
+        enqueue the baseline so the sampler learns from it); others are left out."""
+        fixed: dict[str, Any] = {}
+        for name, param in self.params.items():
+            value = engine_values.get(name)
+            if value is None or not param.contains(value):
+                continue
+            if param.type == "pow2":
+                fixed[POW2_PREFIX + name] = int(math.log2(int(value)))
+            else:
+                fixed[name] = value
+        return fixed
+
+    def broken_relations(self, values: Mapping[str, Any]) -> list[str]:
+        """The texts of the relations `values` breaks (unknown operands do not count)."""
+        return [relation.text for relation in self.relations if relation.check(values) is False]
+
+    def describe(self) -> dict[str, str]:
+        return {name: param.describe() for name, param in self.params.items()}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """A JSON-able form stored with the study, so --resume can refuse a changed space."""
+        return {
+            "params": {name: param.model_dump(exclude_none=True) for name, param in self.params.items()},
+            "relations": [relation.text for relation in self.relations],
+        }
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0

@@ -1,0 +1,590 @@
+"""The tuning study: Optuna drives the search, a TrialRunner measures, the gate validates.
+
+Choices, and why:
+- Sampler: TPE, multivariate (batch size, step budget and memory interact), `group=True`
+  (the baseline is enqueued with only the parameters its values can be represented by, so
+  trials do not all share one parameter set), seeded. TPE rather than NSGA-II also for the
+  Pareto objective: NSGA-II needs a population of tens of trials before it learns anything,
+  and a trial here costs a server start.
+- A config that breaks a relation, or that a server cannot run (OOM, crash, start timeout,
+  errors), is told as COMPLETE with objective 0 and a violated `ran` constraint rather than as
+  FAIL: TPE ignores FAIL trials entirely (it would keep proposing the same region), while it
+  ranks constraint-violating trials below every feasible one and samples away from them.
+  Failures that say nothing about the config (a busy port, Ctrl-C, a killed tuner) are FAIL.
+- SLOs are constraints (`Trial.set_constraint`, the Optuna 5 API), so a trial that misses
+  one is known as infeasible and is never the "best".
+- The baseline (vLLM's defaults, or `--baseline FILE`) is trial 0, labelled, never pruned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import AutotuneError
+from autotune.gate import BASELINE, GateDecision, Measurement, decide, round_robin
+from autotune.objective import (
+    CONFIG_FAILURES,
+    Evaluation,
+    Objective,
+    evaluate,
+    invalid_config_evaluation,
+)
+from autotune.progress import format_duration, progress_line
+from autotune.space import POW2_PREFIX, SearchSpace
+from server.config import ServerConfig
+from workloads.slo import SLO
+from workloads.trace import Trace
+
+# Relation operands that are not usually search parameters but matter for the built-ins.
+CONTEXT_KEYS = ("max_model_len", "enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens")
+
+
+class Runner(Protocol):
+    """What the study needs of `autotune.trial.TrialRunner` (tests pass a fake)."""
+
+    def run(
+        self,
+        config: ServerConfig,
+        window: Trace,
+        trial_dir: Path,
+        *,
+        should_prune: Callable[[float, Any], bool] | None = None,
+    ) -> Any: ...
+
+
+@dataclasses.dataclass
+class StudyOptions:
+    study_name: str
+    output_dir: Path
+    storage: str | None = None  # default sqlite:///<output_dir>/study.db
+    resume: bool = False
+    n_trials: int | None = 6  # total, the baseline included
+    time_budget_s: float | None = None  # for the search; the gate comes after
+    seed: int = 0
+    top_k: int = 2
+    repeats: int = 2
+    prune: bool = True
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.output_dir / 'study.db').resolve()}"
+
+    @property
+    def registry_path(self) -> Path:
+        return self.output_dir / "servers.json"
+
+
+@dataclasses.dataclass
+class ValidationResult:
+    measurements: list[Measurement]
+    decision: GateDecision
+    candidates: dict[str, ServerConfig]  # label -> config ("baseline" included)
+    run_dirs: dict[str, list[Path]]  # label -> one folder per repeat
+    wall_s: float
+    server_s: float
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(directory: Path) -> None:
+    """Fail before any trial when results could not be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise AutotuneError(
+            f"{directory}: cannot write results there ({error.strerror or error}); "
+            f"pass a writable --output-dir"
+        ) from None
+
+
+def server_seconds(outcome: Any) -> float:
+    """Seconds a server process existed for this trial (engine start to teardown)."""
+    timing = getattr(outcome, "timing", None)
+    if timing is None:
+        return 0.0
+    return float(timing.ready_s + timing.warmup_s + timing.measure_s + timing.teardown_s)
+
+
+def trial_label(number: int) -> str:
+    return f"trial-{number:04d}"
+
+
+def is_baseline(trial: FrozenTrial) -> bool:
+    return bool(trial.user_attrs.get("baseline"))
+
+
+def counts_toward_budget(trial: FrozenTrial) -> bool:
+    """Finished trials, minus those a Ctrl-C or a killed tuner cut short."""
+    return trial.state.is_finished() and not trial.user_attrs.get("interrupted")
+
+
+class TuningStudy:
+    """Search, then validate. `run_search()` and `validate()` are the two phases."""
+
+    def __init__(
+        self,
+        *,
+        options: StudyOptions,
+        space: SearchSpace,
+        objective: Objective,
+        slos: Sequence[SLO],
+        baseline: ServerConfig,
+        baseline_source: str,
+        tuning_window: Trace,
+        holdout_window: Trace,
+        runner: Runner,
+        effective_defaults: dict[str, Any] | None = None,
+        study_attrs: dict[str, Any] | None = None,
+        reap: Callable[[Path], list[int]] | None = None,
+        say: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options
+        self.space = space
+        self.objective = objective
+        self.slos = list(slos)
+        # The baseline as the user runs it (serving settings included), and as measured:
+        # exact token counts need the server's benchmark mode.
+        self.baseline = baseline
+        self.baseline_source = baseline_source
+        self.tuning_window = tuning_window
+        self.holdout_window = holdout_window
+        self.runner = runner
+        self.effective_defaults = dict(effective_defaults or {})
+        self.study_attrs = dict(study_attrs or {})
+        self.reap = reap
+        self.say = say or (lambda line: print(line, flush=True))
+        self.clock = clock
+        self.study: optuna.Study | None = None
+        self.search_wall_s = 0.0
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def settings_fingerprint(self) -> dict[str, Any]:
+        """What must not change between a study and its --resume."""
+        return {
+            "objective": self.objective.spec(),
+            "slos": [slo.spec() for slo in self.slos],
+            "space": self.space.fingerprint(),
+        }
+
+    def open(self) -> optuna.Study:
+        """Create the study, or load it with --resume; end servers and close trials a killed
+        tuner left behind."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        options = self.options
+        url = options.storage_url
+        try:
+            storage = optuna.storages.get_storage(url)
+            existing = set(optuna.get_all_study_names(storage))
+        except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
+            raise AutotuneError(f"--storage {url!r}: cannot open it: {error}") from None
+        exists = options.study_name in existing
+        if exists and not options.resume:
+            raise AutotuneError(
+                f"study {options.study_name!r} already exists in {url}; pass --resume to continue "
+                f"it or --study-name NEW for a fresh study"
+            )
+        if options.resume and not exists:
+            raise AutotuneError(
+                f"--resume: no study {options.study_name!r} in {url} (it has: "
+                f"{', '.join(sorted(existing)) or 'none'}); drop --resume to start it"
+            )
+        if options.resume and self.reap is not None:
+            ended = self.reap(options.registry_path)
+            if ended:
+                self.say(f"ended {len(ended)} server process(es) a previous run left behind: {ended}")
+        previous = 0
+        if exists:
+            previous = len(optuna.load_study(study_name=options.study_name, storage=storage).trials)
+        # On resume a fresh sampler seeded alike would re-propose the first run's random
+        # points; offsetting by the trials so far keeps runs reproducible and distinct.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=options.seed + previous,
+                multivariate=True,
+                group=True,
+                n_startup_trials=self._startup_trials(),
+            )
+        pruner = self._pruner()
+        if exists:
+            study = optuna.load_study(
+                study_name=options.study_name, storage=storage, sampler=sampler, pruner=pruner
+            )
+            self._check_same_settings(study)
+            self._close_stale(study)
+        else:
+            study = optuna.create_study(
+                study_name=options.study_name,
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                directions=self.objective.directions,
+            )
+            study.set_user_attr("settings", self.settings_fingerprint())
+            study.set_user_attr("baseline_source", self.baseline_source)
+            study.set_user_attr("effective_defaults", self.effective_defaults)
+            for key, value in self.study_attrs.items():
+                study.set_user_attr(key, value)
+        self.study = study
+        return study
+
+    def _startup_trials(self) -> int:
+        # Optuna's default of 10 random trials would make a 6-trial study pure random search.
+        n = self.options.n_trials
+        return 10 if n is None else max(3, min(10, n // 3))
+
+    def _pruner(self) -> optuna.pruners.BasePruner:
+        if not self.options.prune or self.objective.kind == "pareto":
+            return optuna.pruners.NopPruner()  # Optuna cannot prune multi-objective trials
+        # Compare goodput-so-far only past 40% of the window: early seconds say little.
+        warmup = int(0.4 * self.tuning_window.duration_s())
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup)
+
+    def _check_same_settings(self, study: optuna.Study) -> None:
+        stored = study.user_attrs.get("settings")
+        current = self.settings_fingerprint()
+        if stored is None:
+            return
+        for key in ("objective", "slos", "space"):
+            if stored.get(key) != current[key]:
+                raise AutotuneError(
+                    f"--resume: study {study.study_name!r} was created with {key} "
+                    f"{json.dumps(stored.get(key))}, this run asks for {json.dumps(current[key])}; "
+                    f"use the same options or a new --study-name"
+                )
+
+    def _close_stale(self, study: optuna.Study) -> None:
+        """RUNNING trials in a study nobody is running belong to a killed tuner: FAIL them."""
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            study._storage.set_trial_user_attr(
+                trial._trial_id, "interrupted", "the tuner stopped during this trial"
+            )
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            self.say(f"{trial_label(trial.number)}: was running when the tuner stopped; marked failed")
+
+    # -- the search ------------------------------------------------------------------------
+
+    def run_search(self) -> optuna.Study:
+        study = self.study or self.open()
+        options = self.options
+        start = self.clock()
+        self._enqueue_baseline(study)
+        durations: list[float] = []
+        while True:
+            done = sum(counts_toward_budget(t) for t in study.get_trials(deepcopy=False))
+            elapsed = self.clock() - start
+            if options.n_trials is not None and done >= options.n_trials:
+                break
+            if options.time_budget_s is not None and done > 0:
+                typical = sum(durations) / len(durations) if durations else 0.0
+                if elapsed + typical > options.time_budget_s:
+                    self.say(
+                        f"time budget {format_duration(options.time_budget_s)} reached after "
+                        f"{done} trials"
+                    )
+                    break
+            trial_start = self.clock()
+            frozen = self._run_one(study)
+            durations.append(self.clock() - trial_start)
+            self.say(self._progress(study, frozen, start, durations))
+        self.search_wall_s = self.clock() - start
+        return study
+
+    def _enqueue_baseline(self, study: optuna.Study) -> None:
+        trials = study.get_trials(deepcopy=False)
+        if any(is_baseline(t) and t.state in (TrialState.COMPLETE, TrialState.WAITING) for t in trials):
+            return
+        known = {**self.effective_defaults, **self._explicit(self.baseline)}
+        fixed = self.space.fixed_params(known)
+        names = [n for n in self.space.params if n in fixed or f"{POW2_PREFIX}{n}" in fixed]
+        study.enqueue_trial(fixed, user_attrs={"baseline": True, "fixed": names})
+
+    @staticmethod
+    def _explicit(config: ServerConfig) -> dict[str, Any]:
+        return {k: v for k, v in config.engine.items() if v is not None}
+
+    def trial_config(self, params: dict[str, Any]) -> ServerConfig:
+        """The baseline with `params` on top, in benchmark mode (exact output lengths)."""
+        engine = {**self.baseline.engine, **params}
+        serving = self.baseline.serving.model_copy(update={"benchmark_mode": True})
+        return self.baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
+
+    def _run_one(self, study: optuna.Study) -> FrozenTrial:
+        trial = study.ask()
+        baseline = bool(trial.user_attrs.get("baseline"))
+        label = trial_label(trial.number)
+        trial_dir = self.options.output_dir / "trials" / label
+        if baseline:
+            # Only the enqueued values are "suggested"; the rest stays vLLM's (or the file's).
+            self.space.suggest(trial, only=set(trial.user_attrs.get("fixed", [])))
+            params: dict[str, Any] = {}
+        else:
+            params = self.space.suggest(trial)
+        config = self.trial_config(params)
+        context = {**self.effective_defaults, **self._explicit(config)}
+        trial.set_user_attr("engine_params", {k: context.get(k) for k in self.space.params})
+        trial.set_user_attr("overrides", params)
+        trial.set_user_attr("trial_dir", str(trial_dir))
+        broken = [] if baseline else self.space.broken_relations(context)
+        if broken:
+            reason = "breaks " + "; ".join(broken)
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            config.write(trial_dir / "config.yaml", header=f"not launched: {reason}")
+            evaluation = invalid_config_evaluation(self.objective, self.slos, reason)
+            trial.set_user_attr("broken_relations", broken)
+            return self._tell(study, trial, evaluation, wall_s=0.0, server_s=0.0)
+        started = self.clock()
+        try:
+            outcome = self.runner.run(
+                config,
+                self.tuning_window,
+                trial_dir,
+                should_prune=None if baseline else self._prune_callback(trial),
+            )
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", "Ctrl-C during the trial; its server was stopped")
+            study.tell(trial, state=TrialState.FAIL)
+            self.say(f"{label}: interrupted; resume with --resume")
+            raise
+        wall = self.clock() - started
+        failure = outcome.failure
+        if failure == "pruned":
+            trial.set_user_attr("failure", "pruned")
+            trial.set_user_attr("failure_detail", outcome.failure_detail)
+            trial.set_user_attr("wall_s", wall)
+            trial.set_user_attr("server_s", server_seconds(outcome))
+            trial.set_constraint("ran", 0.0)
+            study.tell(trial, state=TrialState.PRUNED)
+            return study.trials[trial.number]
+        if failure is not None and failure not in CONFIG_FAILURES:
+            trial.set_user_attr("failure", failure)
+            trial.set_user_attr("failure_detail", outcome.failure_detail)
+            trial.set_user_attr("wall_s", wall)
+            trial.set_user_attr("server_s", server_seconds(outcome))
+            if failure == "interrupted":
+                trial.set_user_attr("interrupted", outcome.failure_detail or "interrupted")
+            study.tell(trial, state=TrialState.FAIL)
+            return study.trials[trial.number]
+        evaluation = evaluate(outcome, self.objective, self.slos)
+        return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
+
+    def _prune_callback(self, trial: optuna.Trial) -> Callable[[float, Any], bool] | None:
+        if self.objective.kind == "pareto" or not self.options.prune:
+            return None
+        reported: set[int] = set()
+
+        def should_prune(elapsed_s: float, summary: Any) -> bool:
+            step = int(elapsed_s)
+            if step in reported:
+                return False
+            reported.add(step)
+            goodput = summary.request_goodput
+            value = summary.request_throughput if goodput is None or self.objective.kind == "throughput" else goodput
+            trial.report(float(value), step)
+            return trial.should_prune()
+
+        return should_prune
+
+    def _tell(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        evaluation: Evaluation,
+        *,
+        wall_s: float,
+        server_s: float,
+    ) -> FrozenTrial:
+        for name, value in evaluation.constraints.items():
+            trial.set_constraint(name, value)
+        trial.set_user_attr("score", evaluation.score)
+        trial.set_user_attr("slo_met", evaluation.slo_met)
+        trial.set_user_attr("measured_ms", evaluation.measured_ms)
+        trial.set_user_attr("margins_ms", evaluation.margins_ms)
+        trial.set_user_attr("failure", evaluation.failure)
+        trial.set_user_attr("failure_detail", evaluation.failure_detail)
+        trial.set_user_attr("wall_s", wall_s)
+        trial.set_user_attr("server_s", server_s)
+        study.tell(trial, evaluation.values)
+        return study.trials[trial.number]
+
+    def _progress(
+        self, study: optuna.Study, frozen: FrozenTrial, start: float, durations: list[float]
+    ) -> str:
+        trials = study.get_trials(deepcopy=False)
+        done = sum(counts_toward_budget(t) for t in trials)
+        elapsed = self.clock() - start
+        best = self.best_trials(study, 1)
+        unit = self.objective.unit
+        best_text = (
+            f"{best[0].user_attrs['score']:.3g} {unit} {self.objective.label} ({trial_label(best[0].number)})"
+            if best
+            else "none feasible yet"
+        )
+        typical = sum(durations) / len(durations)
+        remaining = None
+        if self.options.n_trials is not None:
+            remaining = max(0, self.options.n_trials - done) * typical
+        if self.options.time_budget_s is not None:
+            left = max(0.0, self.options.time_budget_s - elapsed)
+            remaining = left if remaining is None else min(remaining, left)
+        eta = None if remaining is None else remaining + self.estimated_gate_s(typical)
+        return progress_line(
+            done=done,
+            total=self.options.n_trials,
+            elapsed_s=elapsed,
+            best=best_text,
+            eta_s=eta,
+            this=f"{trial_label(frozen.number)}: {describe_trial(frozen, self.objective)}",
+        )
+
+    def estimated_gate_s(self, typical_trial_s: float) -> float:
+        runs = (self.options.top_k + 1) * self.options.repeats
+        per_run = typical_trial_s - self.tuning_window.duration_s() + self.holdout_window.duration_s()
+        return runs * max(per_run, 0.0)
+
+    # -- results ---------------------------------------------------------------------------
+
+    @staticmethod
+    def feasible(trial: FrozenTrial) -> bool:
+        return trial.state == TrialState.COMPLETE and all(v <= 0 for v in trial.constraints.values())
+
+    def best_trials(self, study: optuna.Study, k: int) -> list[FrozenTrial]:
+        """The top `k` feasible non-baseline trials by objective score, one per distinct config."""
+        candidates = [
+            t for t in study.get_trials(deepcopy=False) if self.feasible(t) and not is_baseline(t)
+        ]
+        if self.objective.kind == "pareto":
+            # Only Pareto-optimal configs go to the gate; ranked there by throughput.
+            front = {t.number for t in study.best_trials}
+            candidates = [t for t in candidates if t.number in front]
+        candidates.sort(key=lambda t: (-t.user_attrs.get("score", 0.0), t.number))
+        chosen: list[FrozenTrial] = []
+        seen: list[dict[str, Any]] = []
+        for trial in candidates:
+            overrides = trial.user_attrs.get("overrides", {})
+            if overrides in seen:
+                continue
+            seen.append(overrides)
+            chosen.append(trial)
+            if len(chosen) == k:
+                break
+        return chosen
+
+    def baseline_trial(self, study: optuna.Study) -> FrozenTrial | None:
+        done = [t for t in study.get_trials(deepcopy=False) if is_baseline(t) and t.state.is_finished()]
+        return done[-1] if done else None
+
+    # -- the gate --------------------------------------------------------------------------
+
+    def validate(self, study: optuna.Study | None = None) -> ValidationResult:
+        """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
+        study = study or self.study
+        assert study is not None
+        options = self.options
+        top = self.best_trials(study, options.top_k)
+        candidates: dict[str, ServerConfig] = {BASELINE: self.trial_config({})}
+        for trial in top:
+            candidates[trial_label(trial.number)] = self.trial_config(trial.user_attrs.get("overrides", {}))
+        run_dirs: dict[str, list[Path]] = {name: [] for name in candidates}
+        measurements: list[Measurement] = []
+        start = self.clock()
+        server_s = 0.0
+        if not top:
+            self.say("gate: no feasible candidate from the search; keeping the baseline")
+            decision = decide([_baseline_placeholder(study, self)])
+            return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
+        order = round_robin(list(candidates), options.repeats)
+        record = options.output_dir / "validation" / "measurements.json"
+        for index, (repeat, name) in enumerate(order, start=1):
+            run_dir = options.output_dir / "validation" / name / f"repeat-{repeat + 1}"
+            run_dirs[name].append(run_dir)
+            outcome = self.runner.run(candidates[name], self.holdout_window, run_dir)
+            server_s += server_seconds(outcome)
+            evaluation = evaluate(outcome, self.objective, self.slos)
+            measurements.append(
+                Measurement(
+                    candidate=name,
+                    repeat=repeat,
+                    value=evaluation.score,
+                    slo_met=evaluation.slo_met,
+                    ok=evaluation.ok,
+                    failure=evaluation.failure,
+                    margins_ms=evaluation.margins_ms,
+                )
+            )
+            atomic_write_text(
+                record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
+            )
+            status = "SLOs met" if evaluation.slo_met else _slo_text(evaluation)
+            self.say(
+                f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
+                f"{evaluation.score:.3g} {self.objective.unit} {self.objective.label}, {status}"
+            )
+        decision = decide(measurements, seed=options.seed)
+        return ValidationResult(
+            measurements, decision, candidates, run_dirs, self.clock() - start, server_s
+        )
+
+
+def _baseline_placeholder(study: optuna.Study, tuning: TuningStudy) -> Measurement:
+    trial = tuning.baseline_trial(study)
+    score = float(trial.user_attrs.get("score", 0.0)) if trial is not None else 0.0
+    met = bool(trial.user_attrs.get("slo_met", False)) if trial is not None else False
+    return Measurement(candidate=BASELINE, repeat=0, value=score, slo_met=met)
+
+
+def _slo_text(evaluation: Evaluation) -> str:
+    if not evaluation.ok:
+        return f"failed ({evaluation.failure}: {evaluation.failure_detail})"
+    missed = [spec for spec, margin in evaluation.margins_ms.items() if margin is None or margin > 0]
+    return "missed " + ", ".join(missed) if missed else "SLOs met"
+
+
+def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
+    """One line: the overrides, the score, SLO status or the failure."""
+    overrides = trial.user_attrs.get("overrides") or {}
+    params = ", ".join(f"{k}={_fmt(v)}" for k, v in overrides.items()) or "baseline (no overrides)"
+    if trial.state == TrialState.PRUNED:
+        return f"pruned ({params})"
+    if trial.state == TrialState.FAIL:
+        return f"failed: {trial.user_attrs.get('failure_detail') or trial.user_attrs.get('interrupted')} ({params})"
+    failure = trial.user_attrs.get("failure")
+    if failure:
+        return f"{failure}: {trial.user_attrs.get('failure_detail')} ({params})"
+    score = trial.user_attrs.get("score", 0.0)
+    status = "SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed"
+    return f"{score:.3g} {objective.unit} {objective.label}, {status} ({params})"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and not math.isnan(value):
+        return f"{value:.3g}"
+    return str(value)
+

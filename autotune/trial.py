@@ -1,0 +1,357 @@
+"""One measured trial: write the config, start the server, warm it up, replay the window
+while scraping `/metrics`, stop the server, and write everything to the trial folder.
+
+A failed trial is an outcome, not an exception: the study records it and goes on. Only
+Ctrl-C (after stopping the server and writing `outcome.json`) and bugs propagate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel
+
+from autotune.errors import AutotuneError
+from autotune.launcher import (
+    ServerLauncher,
+    ServerProcess,
+    ServerStartFailed,
+    StaleServerRegistry,
+    TeardownReport,
+)
+from autotune.scraper import (
+    MetricSample,
+    MetricsSampler,
+    MetricsScraper,
+    MetricsSnapshot,
+    ServerMetrics,
+    server_metrics,
+)
+from server.config import ServerConfig
+from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay, write_records
+from workloads.slo import SLO
+from workloads.trace import Trace, TraceRequest
+
+__all__ = [
+    "FailureKind",
+    "MetricSample",
+    "ServerMetrics",
+    "TrialOutcome",
+    "TrialRunner",
+    "TrialTiming",
+]
+
+FailureKind = Literal[
+    "oom",
+    "start_timeout",
+    "crash",
+    "http_errors",
+    "port_in_use",
+    "invalid_config",
+    "interrupted",
+    "pruned",
+]
+
+# Warm-up requests: short, so they touch every code path (prefill, decode, streaming) fast.
+WARMUP_INPUT_TOKENS = 16
+WARMUP_OUTPUT_TOKENS = 8
+
+
+class TrialTiming(BaseModel):
+    """Where the wall-clock time of a trial went, in seconds."""
+
+    launch_s: float  # spawn -> process running
+    ready_s: float  # spawn -> /health 200 (engine start)
+    warmup_s: float
+    measure_s: float  # the replayed window
+    teardown_s: float  # stop signal -> every child gone and memory back
+
+
+class TrialOutcome(BaseModel):
+    """What one trial produced; also written to `outcome.json` in the trial folder."""
+
+    ok: bool
+    failure: FailureKind | None = None
+    failure_detail: str | None = None  # one line
+    summary: ReplaySummary | None = None
+    server_metrics: ServerMetrics | None = None
+    timing: TrialTiming | None = None
+    trial_dir: str
+    teardown: TeardownReport | None = None  # how the server was stopped, what was left
+
+
+class _Failed(Exception):
+    """Ends the measuring part of a trial with a classified failure."""
+
+    def __init__(self, kind: FailureKind, detail: str):
+        super().__init__(detail)
+        self.kind: FailureKind = kind
+        self.detail = detail
+
+
+class _Trial:
+    """What one run has gathered so far (filled step by step, read when writing results)."""
+
+    def __init__(self, trial_dir: Path):
+        self.dir = trial_dir
+        self.server: ServerProcess | None = None
+        self.failure: FailureKind | None = None
+        self.failure_detail: str | None = None
+        self.result: ReplayResult | None = None
+        self.metrics: ServerMetrics | None = None
+        self.teardown: TeardownReport | None = None
+        self.launch_s: float | None = None
+        self.ready_s: float | None = None
+        self.warmup_s: float | None = None
+        self.measure_s: float | None = None
+
+    def fail(self, kind: FailureKind, detail: str) -> None:
+        if self.failure is None:  # the first cause is the one that explains the rest
+            self.failure, self.failure_detail = kind, " ".join(detail.split())
+
+    def timing(self) -> TrialTiming | None:
+        parts = (self.launch_s, self.ready_s, self.warmup_s, self.measure_s, self.teardown)
+        if any(part is None for part in parts):
+            return None
+        return TrialTiming(
+            launch_s=self.launch_s,
+            ready_s=self.ready_s,
+            warmup_s=self.warmup_s,
+            measure_s=self.measure_s,
+            teardown_s=self.teardown.seconds,
+        )
+
+    def outcome(self) -> TrialOutcome:
+        return TrialOutcome(
+            ok=self.failure is None,
+            failure=self.failure,
+            failure_detail=self.failure_detail,
+            summary=self.result.summary if self.result is not None else None,
+            server_metrics=self.metrics,
+            timing=self.timing(),
+            trial_dir=str(self.dir),
+            teardown=self.teardown,
+        )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class TrialRunner:
+    """Runs trials: one server start, warm-up, measured window and stop per `run()`.
+
+    `max_error_fraction`: above this share of failed requests the trial fails with
+    "http_errors" (the summary is kept). `server_command` replaces `[python, "-m", "server"]`.
+    """
+
+    def __init__(
+        self,
+        *,
+        python: str = sys.executable,
+        startup_timeout_s: float = 300,
+        warmup_requests: int = 4,
+        host: str = "127.0.0.1",
+        mode: str = "timed",
+        speedup: float = 1.0,
+        slos: Sequence[SLO] = (),
+        scrape_interval_s: float = 1.0,
+        stale_registry: Path | None = None,
+        max_error_fraction: float = 0.05,
+        request_timeout_s: float = 600,
+        server_command: Sequence[str] | None = None,
+    ):
+        if warmup_requests < 0:
+            raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
+        if not 0 <= max_error_fraction < 1:
+            raise AutotuneError(
+                f"max error fraction = {max_error_fraction!r}: must be in [0, 1), e.g. 0.05"
+            )
+        self.python = python
+        self.startup_timeout_s = startup_timeout_s
+        self.warmup_requests = warmup_requests
+        self.host = host
+        self.mode = ReplayMode.parse(mode)  # a bad mode fails here, not at the first trial
+        self.speedup = speedup
+        self.slos = tuple(slos)
+        self.scrape_interval_s = scrape_interval_s
+        self.stale_registry = stale_registry
+        self.max_error_fraction = max_error_fraction
+        self.request_timeout_s = request_timeout_s
+        self.server_command = server_command
+
+    def run(
+        self,
+        config: ServerConfig,
+        window: Trace,
+        trial_dir: Path,
+        *,
+        should_prune: Callable[[float, ReplaySummary], bool] | None = None,
+    ) -> TrialOutcome:
+        """Measure `config` on `window`; results go to `trial_dir` (created if needed).
+
+        `should_prune(elapsed_s, summary_so_far)` is asked about once a second during the
+        window; True stops the replay and the trial ends with failure "pruned".
+        """
+        if len(window) == 0:
+            raise AutotuneError(f"{trial_dir}: the trial window has no requests")
+        trial_dir = Path(trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        trial = _Trial(trial_dir)
+        try:
+            try:
+                config.write(trial_dir / "config.yaml")
+                self._start(trial)
+                asyncio.run(self._measure(trial, window, should_prune))
+            except _Failed as failed:
+                trial.fail(failed.kind, failed.detail)
+            finally:
+                if trial.server is not None:
+                    trial.teardown = trial.server.stop()
+        except KeyboardInterrupt:
+            trial.fail("interrupted", "interrupted (Ctrl-C); the server was stopped")
+            self._write(trial)
+            raise
+        return self._write(trial)
+
+    # -- steps --------------------------------------------------------------------------
+
+    def _start(self, trial: _Trial) -> None:
+        launcher = ServerLauncher(
+            python=self.python,
+            host=self.host,
+            startup_timeout_s=self.startup_timeout_s,
+            registry=StaleServerRegistry(self.stale_registry) if self.stale_registry else None,
+            study=trial.dir.parent.name,
+            command=self.server_command,
+        )
+        try:
+            server = launcher.start(
+                trial.dir / "config.yaml", trial.dir / "server.log", trial=trial.dir.name
+            )
+        except ServerStartFailed as failure:
+            trial.teardown = failure.teardown
+            raise _Failed(failure.kind, failure.detail) from None
+        trial.server = server
+        trial.launch_s = server.launched_at - server.spawned_at
+        trial.ready_s = server.ready_at - server.spawned_at
+
+    async def _measure(
+        self,
+        trial: _Trial,
+        window: Trace,
+        should_prune: Callable[[float, ReplaySummary], bool] | None,
+    ) -> None:
+        server = trial.server
+        assert server is not None
+        async with httpx.AsyncClient(trust_env=False) as client:
+            scraper = MetricsScraper(client, server.url)
+
+            started = time.monotonic()
+            await self._warm_up(trial, server)
+            trial.warmup_s = time.monotonic() - started
+
+            before = await self._scrape(scraper, server, "before the window")
+            sampler = MetricsSampler(scraper, self.scrape_interval_s, server.track_children)
+            sampler.start()
+            started = time.monotonic()
+            try:
+                trial.result = await replay(
+                    window,
+                    server.url,
+                    mode=self.mode,
+                    speedup=self.speedup,
+                    slos=self.slos,
+                    benchmark_mode=True,
+                    timeout_s=self.request_timeout_s,
+                    on_progress=should_prune,
+                )
+            finally:
+                trial.measure_s = time.monotonic() - started
+                timeline = await sampler.stop()
+            self._check_alive(server, "during the window")
+            after = await self._scrape(scraper, server, "after the window")
+            trial.metrics = server_metrics(before, after, timeline)
+
+        summary = trial.result.summary
+        attempted = summary.completed + summary.failed
+        if summary.stopped_early:
+            raise _Failed("pruned", f"stopped by the pruner after {summary.duration:.1f} s")
+        if attempted and summary.failed > self.max_error_fraction * attempted:
+            first_error = next(r.error for r in trial.result.records if r.error and not r.cancelled)
+            raise _Failed(
+                "http_errors",
+                f"{summary.failed} of {attempted} requests failed "
+                f"(limit {self.max_error_fraction:.0%}); first: {first_error}",
+            )
+
+    async def _warm_up(self, trial: _Trial, server: ServerProcess) -> None:
+        """A few short unmeasured requests, so the window does not pay for first-use costs."""
+        if self.warmup_requests == 0:
+            return
+        requests = [
+            TraceRequest(
+                timestamp=0.0,
+                input_length=WARMUP_INPUT_TOKENS,
+                output_length=WARMUP_OUTPUT_TOKENS,
+            )
+        ] * self.warmup_requests
+        result = await replay(
+            Trace.from_requests(requests, source="warm-up"),
+            server.url,
+            mode="timed",
+            benchmark_mode=True,
+            timeout_s=self.request_timeout_s,
+        )
+        self._check_alive(server, "during warm-up")
+        if result.summary.completed == 0:
+            first_error = next((r.error for r in result.records if r.error), "no answer")
+            raise _Failed("http_errors", f"every warm-up request failed; first: {first_error}")
+
+    async def _scrape(
+        self, scraper: MetricsScraper, server: ServerProcess, when: str
+    ) -> MetricsSnapshot:
+        try:
+            return await scraper.scrape()
+        except httpx.HTTPError as error:
+            self._check_alive(server, when)
+            raise _Failed("crash", f"GET /metrics {when} failed: {error!r}") from None
+
+    @staticmethod
+    def _check_alive(server: ServerProcess, when: str) -> None:
+        if not server.alive():
+            failure = server.failure()
+            raise _Failed(failure.kind, f"server died {when}: {failure.detail}")
+
+    def _write(self, trial: _Trial) -> TrialOutcome:
+        """Write the result files (what exists) and `outcome.json`; return the outcome."""
+        if trial.result is not None:
+            write_records(trial.dir / "requests.jsonl", trial.result.records)
+            _write_atomic(
+                trial.dir / "summary.json", trial.result.summary.model_dump_json(indent=2) + "\n"
+            )
+        if trial.metrics is not None:
+            _write_atomic(
+                trial.dir / "server_metrics.json", trial.metrics.model_dump_json(indent=2) + "\n"
+            )
+        outcome = trial.outcome()
+        _write_atomic(trial.dir / "outcome.json", outcome.model_dump_json(indent=2) + "\n")
+        return outcome
+

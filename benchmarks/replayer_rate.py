@@ -1,0 +1,176 @@
+"""How fast can one replayer process send on schedule?
+
+Steps the request rate up against a trivial local server (tests/workloads/echo_server.py,
+in its own process so it does not share the replayer's event loop) and reports the highest
+rate at which the replayer keeps send-lag p99 under a bound (default 2 ms) with every
+request completed. Arrivals are Poisson (seeded), like `vllm bench serve`'s default.
+
+    .venv/bin/python benchmarks/replayer_rate.py [--loop asyncio|uvloop|both]
+        [--rates 100,200,...] [--step-seconds 6] [--out results/benchmarks/replayer_rate.json]
+
+Writes the per-step figures and the sustained rate per event loop to --out (atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from workloads.replay import replay
+from workloads.trace import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+ECHO_SERVER = ROOT / "tests" / "workloads" / "echo_server.py"
+DEFAULT_RATES = "100,200,300,400,500,600,800,1000,1200,1500,2000"
+
+
+@contextmanager
+def echo_server() -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, str(ECHO_SERVER), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"echo server did not start: {line!r}")
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def poisson_trace(rate: float, seconds: float, input_tokens: int, output_tokens: int, seed: int) -> Trace:
+    rng = np.random.default_rng(seed)
+    gaps_ms = rng.exponential(1000.0 / rate, size=int(rate * seconds * 1.5) + 10)
+    times = np.cumsum(gaps_ms) - gaps_ms[0]
+    times = times[times < seconds * 1000.0]
+    n = len(times)
+    return Trace(
+        times,
+        np.full(n, input_tokens),
+        np.full(n, output_tokens),
+        source=f"poisson {rate:g}/s",
+    )
+
+
+def run_step(url: str, trace: Trace, loop: str) -> dict:
+    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.monotonic()
+    coroutine = replay(trace, url)
+    if loop == "uvloop":
+        import uvloop
+
+        result = uvloop.run(coroutine)
+    else:
+        result = asyncio.run(coroutine)
+    wall = time.monotonic() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    summary = result.summary
+    sends = np.array([r.sent_s for r in result.records])
+    return {
+        "requests": len(trace),
+        "completed": summary.completed,
+        "failed": summary.failed,
+        "send_rate": float(len(sends) / max(sends.max(), 1e-9)) if len(sends) > 1 else 0.0,
+        "request_throughput": summary.request_throughput,
+        "send_lag_p50_ms": summary.send_lag_p50_ms,
+        "send_lag_p99_ms": summary.send_lag_p99_ms,
+        "send_lag_max_ms": summary.send_lag_max_ms,
+        "mean_ttft_ms": summary.mean_ttft_ms,
+        "p99_ttft_ms": summary.p99_ttft_ms,
+        "client_cpu_fraction": cpu / wall,
+        "errors": sorted({r.error for r in result.records if r.error})[:3],
+    }
+
+
+def sweep(url: str, args: argparse.Namespace, loop: str) -> dict:
+    steps = []
+    sustained = None
+    for rate in (float(r) for r in args.rates.split(",")):
+        trace = poisson_trace(rate, args.step_seconds, args.input_tokens, args.output_tokens, args.seed)
+        step = {"rate": rate, **run_step(url, trace, loop)}
+        ok = step["failed"] == 0 and step["send_lag_p99_ms"] < args.lag_bound_ms
+        step["ok"] = ok
+        steps.append(step)
+        print(
+            f"[{loop}] {rate:6.0f} req/s: lag p50 {step['send_lag_p50_ms']:.2f} "
+            f"p99 {step['send_lag_p99_ms']:.2f} max {step['send_lag_max_ms']:.2f} ms, "
+            f"failed {step['failed']}, client CPU {step['client_cpu_fraction']:.0%} "
+            f"-> {'ok' if ok else 'over'}",
+            flush=True,
+        )
+        if not ok:
+            break
+        sustained = rate
+    return {"sustained_rate": sustained, "steps": steps}
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as out:
+        json.dump(payload, out, indent=2)
+        out.write("\n")
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both")
+    parser.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated req/s steps")
+    parser.add_argument("--step-seconds", type=float, default=6.0)
+    parser.add_argument("--lag-bound-ms", type=float, default=2.0)
+    parser.add_argument("--input-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=16)
+    parser.add_argument("--itl-ms", type=float, default=5.0, help="server gap between tokens")
+    parser.add_argument("--ttft-ms", type=float, default=10.0, help="server delay to first token")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / "replayer_rate.json")
+    args = parser.parse_args()
+    loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
+    results = {}
+    with echo_server() as base:
+        url = f"{base}/ttft={args.ttft_ms:g},itl={args.itl_ms:g}"
+        for loop in loops:
+            results[loop] = sweep(url, args, loop)
+    payload = {
+        "what": "highest Poisson request rate one replayer process sends with send-lag p99 "
+        f"< {args.lag_bound_ms:g} ms and no failures, against a trivial local server in "
+        "another process",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_at_end": os.getloadavg(),
+        },
+        "settings": {
+            key: getattr(args, key)
+            for key in ("step_seconds", "lag_bound_ms", "input_tokens", "output_tokens",
+                        "itl_ms", "ttft_ms", "seed", "rates")
+        },
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loops": results,
+    }
+    write_json(args.out, payload)
+    for loop, result in results.items():
+        print(f"{loop}: sustained {result['sustained_rate']} req/s")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,401 @@
+"""The server's configuration file: a `vllm serve --config` YAML file with our settings inside.
+
+Layout (what `ServerConfig.write` produces and `ServerConfig.load` reads):
+
+    # comment header: human-readable provenance
+    model: /path/to/model           # top level: vLLM engine arguments (AsyncEngineArgs fields),
+    max-num-seqs: 64                #   kebab-case on write, either spelling on read
+    host: 127.0.0.1                 # host, port, api-key: `vllm serve` knows them too
+    port: 8000
+    additional-config:              # vLLM passes this dict to platform plugins and otherwise
+      vllm_autotune:                #   ignores it, so the file works unchanged with vLLM
+        serving: {benchmark_mode: false, max_waiting_requests: null, ...}
+        provenance: {...}
+
+vLLM's loader (`FlexibleArgumentParser.load_config_file`) turns every top-level key into
+`--key value`, so an unknown top-level key would break `vllm serve --config`: every key is
+checked here against `AsyncEngineArgs` before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import tempfile
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+if TYPE_CHECKING:  # importing vLLM takes seconds; only the functions that need it do
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+# Keys of the file that are not engine arguments (snake_case spelling).
+SERVER_KEYS = ("host", "port", "api_key")
+ADDITIONAL_CONFIG = "additional_config"
+OUR_SECTION = "vllm_autotune"  # key inside additional-config
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny-multilingual"
+PROGRAMMATIC = "<config>"  # the `path` of errors about a config built in code
+
+
+class ConfigError(ValueError):
+    """A configuration the user wrote (or passed) that cannot be used.
+
+    `str()` is `"{path}[:{line}]: key '{key}' = {value!r}: {reason}"`, or
+    `"{path}[:{line}]: {reason}"` for whole-file problems (unreadable file, YAML syntax).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        key: str | None,
+        value: Any,
+        reason: str,
+        *,
+        line: int | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.key = key
+        self.value = value
+        self.reason = reason
+        self.line = line
+        where = self.path if line is None else f"{self.path}:{line}"
+        if key is None:
+            message = f"{where}: {reason}"
+        else:
+            message = f"{where}: key '{key}' = {value!r}: {reason}"
+        super().__init__(message)
+
+
+class ServingSettings(BaseModel):
+    """Our server's own settings (not vLLM's): `additional-config.vllm_autotune.serving`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    benchmark_mode: bool = False
+    """Allow `ignore_eos` / `min_tokens` on /v1/completions (exact output lengths for load tests)."""
+    max_waiting_requests: int | None = Field(default=None, ge=0)
+    """Admission limit: with this many requests already waiting, answer 503 + Retry-After."""
+    max_input_chars: int = Field(default=8000, ge=1)
+    """Longest /translate text accepted."""
+
+
+def snake(key: str) -> str:
+    return key.replace("-", "_")
+
+
+def kebab(key: str) -> str:
+    return key.replace("_", "-")
+
+
+def engine_arg_names() -> set[str]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+
+
+def check_engine_settings(
+    engine: Mapping[str, Any],
+    *,
+    path: str | os.PathLike[str] = PROGRAMMATIC,
+    lines: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Returns `engine` with snake_case keys; ConfigError on an unknown key or a wrong type.
+
+    `lines` maps a key as written to its line in the file, for the error message.
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    fields = {field.name: field for field in dataclasses.fields(AsyncEngineArgs)}
+    checked: dict[str, Any] = {}
+    written_as: dict[str, str] = {}
+    for key, value in engine.items():
+        line = (lines or {}).get(key)
+        if not isinstance(key, str):
+            raise ConfigError(path, str(key), value, "keys must be strings", line=line)
+        name = snake(key)
+        if name in SERVER_KEYS:
+            raise ConfigError(path, key, value, "not an engine argument", line=line)
+        if name == ADDITIONAL_CONFIG and isinstance(value, dict) and OUR_SECTION in value:
+            raise ConfigError(
+                path, key, value, f"'{OUR_SECTION}' is ServerConfig.serving/provenance", line=line
+            )
+        if name not in fields:
+            raise ConfigError(path, key, value, unknown_key_reason(key, set(fields)), line=line)
+        if name in checked:
+            raise ConfigError(
+                path, key, value, f"given twice (also as '{written_as[name]}')", line=line
+            )
+        problem = type_problem(annotation(AsyncEngineArgs, fields[name]), value)
+        if problem is not None:
+            raise ConfigError(path, key, value, problem, line=line)
+        checked[name] = value
+        written_as[name] = key
+    return checked
+
+
+def unknown_key_reason(key: str, names: set[str]) -> str:
+    spelled = kebab if "-" in key else (lambda name: name)
+    close = difflib.get_close_matches(snake(key), sorted(names), n=1, cutoff=0.6)
+    hint = f"; did you mean '{spelled(close[0])}'?" if close else ""
+    return f"not a vLLM engine argument (AsyncEngineArgs field){hint}"
+
+
+def annotation(owner: type, field: dataclasses.Field) -> Any:
+    """The field's type, or None where its (string) annotation cannot be resolved here."""
+    # vLLM's module uses `from __future__ import annotations`, and some names in it exist
+    # only for type checkers, so the whole class cannot be resolved at once: one field at a time.
+    probe = type("_Probe", (), {"__annotations__": {field.name: field.type}})
+    probe.__module__ = owner.__module__
+    try:
+        return typing.get_type_hints(probe)[field.name]
+    except Exception:
+        return None
+
+
+def type_problem(annotation: Any, value: Any) -> str | None:
+    """Checks `value` against the engine argument's annotation where pydantic can.
+
+    Some annotations (torch types, vLLM classes) have no pydantic schema; those values are
+    left to vLLM, which checks them when the engine config is created.
+    """
+    if annotation is None or value is None:
+        return None
+    try:
+        adapter = TypeAdapter(annotation)
+    except Exception:  # no schema for this annotation: vLLM checks it later
+        return None
+    try:
+        adapter.validate_python(value)
+    except ValidationError as error:
+        return "expected " + describe(annotation) + f" ({error.errors()[0]['msg']})"
+    except Exception:  # a validator of vLLM's own raised: leave the value to vLLM
+        return None
+    return None
+
+
+def describe(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return text.replace("typing.", "")
+
+
+class ServerConfig(BaseModel):
+    """Everything `python -m server` needs: engine arguments, address, our serving settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: dict[str, Any]
+    """AsyncEngineArgs fields, snake_case (either spelling accepted, stored snake_case)."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key: str | None = None
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    provenance: dict[str, Any] | None = None
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_keys_are_engine_args(cls, engine: dict[str, Any]) -> dict[str, Any]:
+        return check_engine_settings(engine)
+
+    @field_validator("provenance")
+    @classmethod
+    def _provenance_is_json(cls, provenance: dict[str, Any] | None) -> dict[str, Any] | None:
+        # vLLM passes additional-config through `json.dumps`; non-JSON values would break it.
+        if provenance is not None:
+            json.dumps(provenance)
+        return provenance
+
+    @classmethod
+    def default(cls) -> ServerConfig:
+        """The embedded tiny model on the CPU-friendly defaults."""
+        return cls(engine=default_engine_settings())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ServerConfig:
+        """Reads a config file; ConfigError (file, line, key, value, reason) on bad input."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(path, None, None, f"cannot read the file: {error.strerror}") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(path, None, None, f"not UTF-8 text ({error.reason})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ConfigError(path, None, None, f"not valid YAML: {problem}", line=line) from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                path, None, None, f"expected a mapping of keys to values, got {type(data).__name__}"
+            )
+        return cls.from_mapping(data, path=path, lines=top_level_lines(text))
+
+    @classmethod
+    def from_mapping(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        path: str | os.PathLike[str] = PROGRAMMATIC,
+        lines: Mapping[str, int] | None = None,
+    ) -> ServerConfig:
+        """Builds a config from the file's top-level mapping (either key spelling)."""
+        lines = lines or {}
+        server: dict[str, Any] = {}
+        engine: dict[str, Any] = {}
+        ours: Any = {}
+        ours_key = kebab(ADDITIONAL_CONFIG)
+        for key, value in data.items():
+            name = snake(key) if isinstance(key, str) else key
+            if name in SERVER_KEYS:
+                if name in server:
+                    raise ConfigError(path, key, value, "given twice", line=lines.get(key))
+                server[name] = value
+            elif name == ADDITIONAL_CONFIG:
+                if not isinstance(value, dict):
+                    raise ConfigError(path, key, value, "expected a mapping", line=lines.get(key))
+                rest = dict(value)
+                ours = rest.pop(OUR_SECTION, {})
+                ours_key = key
+                if rest:  # other plugins' settings: they belong to the engine
+                    engine[key] = rest
+            else:
+                engine[key] = value
+        engine = check_engine_settings(engine, path=path, lines=lines)
+
+        section = f"{ours_key}.{OUR_SECTION}"
+        line = lines.get(ours_key)
+        if not isinstance(ours, dict):
+            raise ConfigError(path, section, ours, "expected a mapping", line=line)
+        unknown = sorted(set(ours) - {"serving", "provenance"})
+        if unknown:
+            raise ConfigError(
+                path,
+                f"{section}.{unknown[0]}",
+                ours[unknown[0]],
+                "unknown key (expected 'serving' or 'provenance')",
+                line=line,
+            )
+        serving = validated(ServingSettings, ours.get("serving") or {}, path, f"{section}.serving", line)
+        provenance = ours.get("provenance")
+        if provenance is not None and not isinstance(provenance, dict):
+            raise ConfigError(path, f"{section}.provenance", provenance, "expected a mapping", line=line)
+        fields = {"engine": engine, "serving": serving, "provenance": provenance}
+        for name, value in server.items():
+            fields[name] = value
+        key_of = {snake(k): k for k in data if isinstance(k, str)}
+        try:
+            return cls(**fields)
+        except ValidationError as error:
+            first = error.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else "?"
+            key = key_of.get(name, name)
+            raise ConfigError(
+                path, key, first.get("input"), first["msg"], line=lines.get(key)
+            ) from None
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The file's top-level mapping, in `vllm serve --config` spelling."""
+        data: dict[str, Any] = {}
+        for name, value in self.engine.items():
+            # vLLM's loader writes `--key None` for a null, which argparse then rejects;
+            # a null means "vLLM's default", which leaving the key out gives too.
+            if value is None or name == ADDITIONAL_CONFIG:
+                continue
+            data[kebab(name)] = value
+        data["host"] = self.host
+        data["port"] = self.port
+        if self.api_key is not None:
+            data["api-key"] = self.api_key
+        ours: dict[str, Any] = {"serving": self.serving.model_dump(mode="json")}
+        if self.provenance is not None:
+            ours["provenance"] = self.provenance
+        additional = dict(self.engine.get(ADDITIONAL_CONFIG) or {})
+        additional[OUR_SECTION] = ours
+        data[kebab(ADDITIONAL_CONFIG)] = additional
+        return data
+
+    def write(self, path: str | os.PathLike[str], *, header: str | None = None) -> None:
+        """Writes the YAML file atomically; `header` (or the provenance) as a comment on top."""
+        path = Path(path)
+        if header is None and self.provenance:
+            header = "\n".join(f"{key}: {json.dumps(value)}" for key, value in self.provenance.items())
+        lines = [f"# {line}".rstrip() for line in (header or "").splitlines()]
+        body = yaml.safe_dump(self.to_mapping(), sort_keys=False, allow_unicode=True)
+        text = "\n".join(lines + [body]) if lines else body
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def engine_args(self) -> AsyncEngineArgs:
+        """The vLLM engine arguments (our `vllm_autotune` section is never part of them)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        engine = dict(self.engine)
+        additional = dict(engine.get(ADDITIONAL_CONFIG) or {})
+        additional.pop(OUR_SECTION, None)
+        if additional:
+            engine[ADDITIONAL_CONFIG] = additional
+        else:
+            engine.pop(ADDITIONAL_CONFIG, None)
+        return AsyncEngineArgs(**engine)
+
+
+def validated(
+    model: type[BaseModel], data: Any, path: str | os.PathLike[str], key: str, line: int | None
+) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join([key, *(str(part) for part in first["loc"])])
+        raise ConfigError(path, where, first.get("input"), first["msg"], line=line) from None
+
+
+def top_level_lines(text: str) -> dict[str, int]:
+    """Line number (1-based) of each top-level key, for error messages."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {
+        key.value: key.start_mark.line + 1
+        for key, _ in node.value
+        if isinstance(key, yaml.ScalarNode)
+    }
+
+
+def default_engine_settings() -> dict[str, Any]:
+    """Engine arguments for the embedded tiny model, chosen to work on a CPU-only machine.
+
+    Random (dummy) weights: the output is gibberish but compute and memory use are real.
+    """
+    from vllm.platforms import current_platform
+
+    settings: dict[str, Any] = {
+        "model": str(DEFAULT_MODEL_DIR),
+        "load_format": "dummy",
+        "dtype": "bfloat16",  # measured: works on vLLM's CPU backend and on GPUs
+        "max_model_len": 2048,
+    }
+    if current_platform.is_cpu():
+        # torch.compile at start costs ~20 s on 2 cores; eager mode serves the tiny model fine.
+        settings["enforce_eager"] = True
+        # On CPU this is the fraction of RAM reserved for the KV cache; 0.9 fails on small hosts.
+        settings["gpu_memory_utilization"] = 0.3
+    return settings

@@ -1,0 +1,201 @@
+"""The vLLM engine behind the server: AsyncLLM in this process, one event loop.
+
+Written against vLLM 0.32 (CPU build, tested) and 0.24 (the GPU kit): only the API the two
+share is used (`AsyncLLM.from_vllm_config`, `generate` with a token-id prompt dict, `abort`,
+`shutdown`, `SamplingParams` with `RequestOutputKind`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+# vLLM renamed metrics between versions; the first name of each pair is the current one.
+KV_CACHE_USAGE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+TTFT_METRICS = ("vllm:time_to_first_token_seconds",)
+ITL_METRICS = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+RUNNING_METRICS = ("vllm:num_requests_running",)
+WAITING_METRICS = ("vllm:num_requests_waiting",)
+
+
+class EngineSettings(BaseModel):
+    """What the engine actually runs with, defaults resolved (for reports and /info)."""
+
+    vllm_version: str
+    usage_context: str
+    model: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    block_size: int | None
+    enforce_eager: bool
+    skip_tokenizer_init: bool
+    vocab_size: int
+    num_kv_cache_blocks: int | None = None
+    """Known once the engine has started (the KV cache is sized at start)."""
+
+
+def usage_context() -> Any:
+    from vllm.usage.usage_lib import UsageContext
+
+    # `vllm serve`'s context: its defaults for max_num_seqs / max_num_batched_tokens differ
+    # from a bare AsyncLLM's (e.g. 1024 / 8192 vs 128 / 2048 on an H100).
+    return UsageContext.OPENAI_API_SERVER
+
+
+def resolve_engine_config(config: ServerConfig) -> VllmConfig:
+    """Builds vLLM's full engine config (all defaults resolved) without starting anything.
+
+    Raises whatever vLLM raises for values it rejects (ValueError, pydantic errors ...).
+    """
+    return config.engine_args().create_engine_config(usage_context=usage_context())
+
+
+def effective_settings(vllm_config: VllmConfig) -> EngineSettings:
+    import vllm
+
+    scheduler = vllm_config.scheduler_config
+    cache = vllm_config.cache_config
+    model = vllm_config.model_config
+    return EngineSettings(
+        vllm_version=vllm.__version__,
+        usage_context=usage_context().name,
+        model=str(model.model),
+        max_num_seqs=scheduler.max_num_seqs,
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        gpu_memory_utilization=cache.gpu_memory_utilization,
+        max_model_len=model.max_model_len,
+        block_size=getattr(cache, "block_size", None),
+        enforce_eager=bool(model.enforce_eager),
+        skip_tokenizer_init=bool(model.skip_tokenizer_init),
+        vocab_size=model.get_vocab_size(),
+        num_kv_cache_blocks=getattr(cache, "num_gpu_blocks", None),
+    )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What to generate for one request."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    stop: Sequence[str] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request since the previous Delta (or all of it, when not streaming)."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str | None
+
+
+class Engine:
+    """One AsyncLLM and what the server needs to know about it."""
+
+    def __init__(self, llm: Any, vllm_config: VllmConfig, tokenizer: Any | None) -> None:
+        self._llm = llm
+        self.vllm_config = vllm_config
+        self.tokenizer = tokenizer
+        self.settings = effective_settings(vllm_config)
+
+    @classmethod
+    def start(cls, config: ServerConfig, vllm_config: VllmConfig | None = None) -> Engine:
+        """Starts the engine (blocking: tens of seconds). Safe to call from a worker thread.
+
+        AsyncLLM built outside the event loop starts its output handler on the first request
+        (vLLM does this on purpose so that start-up can happen before the loop runs).
+        """
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError:  # older layouts
+            from vllm.engine.async_llm_engine import AsyncLLMEngine as AsyncLLM
+
+        if vllm_config is None:
+            vllm_config = resolve_engine_config(config)
+        llm = AsyncLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=usage_context(),
+            # Stats on: vLLM's Prometheus metrics (TTFT, KV-cache usage ...) come from them.
+            disable_log_stats=False,
+        )
+        tokenizer = None
+        if not vllm_config.model_config.skip_tokenizer_init:
+            tokenizer = llm.get_tokenizer()
+        return cls(llm, vllm_config, tokenizer)
+
+    async def finish_start(self) -> None:
+        """Resolves what older vLLM versions return as awaitables (their get_tokenizer)."""
+        if inspect.isawaitable(self.tokenizer):
+            self.tokenizer = await self.tokenizer
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.tokenizer is not None
+
+    @property
+    def errored(self) -> bool:
+        return bool(getattr(self._llm, "errored", False))
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer")
+        return list(self.tokenizer.encode(text))
+
+    async def generate(
+        self, prompt_token_ids: list[int], generation: Generation, request_id: str, *, stream: bool
+    ) -> AsyncIterator[Delta]:
+        """Yields the new tokens as they come (stream) or everything once at the end.
+
+        Cancelling the consumer (client gone) aborts the request inside vLLM: AsyncLLM's
+        generate() catches the cancellation and frees the sequence's slot and KV blocks.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=generation.max_tokens,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            top_k=generation.top_k if generation.top_k is not None else 0,
+            seed=generation.seed,
+            repetition_penalty=generation.repetition_penalty,
+            stop=list(generation.stop) or None,
+            ignore_eos=generation.ignore_eos,
+            min_tokens=generation.min_tokens,
+            detokenize=self.has_tokenizer,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        )
+        prompt = {"prompt_token_ids": prompt_token_ids}
+        async for output in self._llm.generate(prompt, params, request_id):
+            completion = output.outputs[0]
+            yield Delta(
+                text=completion.text or "",
+                token_ids=list(completion.token_ids),
+                prompt_tokens=len(output.prompt_token_ids or prompt_token_ids),
+                finish_reason=completion.finish_reason if output.finished else None,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()

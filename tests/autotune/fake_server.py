@@ -1,0 +1,134 @@
+"""A stand-in for `python -m server` whose behaviour the test chooses (for launcher tests).
+
+Usage: python fake_server.py [--behaviour B.json] --config FILE --port P [--benchmark-mode]
+The behaviour is read from --behaviour if given, else from --config (then a JSON file).
+Keys (all optional):
+  ready_after_s   seconds until /health answers 200; null = never (default 0)
+  exit_after_s    exit this many seconds after start, printing `message`, code `exit_code`
+  exit_code       default 1; -9 = die by SIGKILL (as from the OOM killer)
+  message         a line printed to stderr before exiting
+  spawn_child     start a `sleep` child in the same process group (default false)
+  ignore_sigterm  ignore SIGTERM in the server and its child (default false)
+  metrics_file    path whose text /metrics returns
+  token_delay_s   POST /v1/completions streams `max_tokens` tokens this far apart (0.01)
+  fail_every      answer every n-th completion with HTTP 500
+  die_after       exit (printing `message`) once this many completions were answered
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--benchmark-mode", action="store_true")
+    parser.add_argument("--behaviour")
+    args = parser.parse_args()
+    with open(args.behaviour or args.config) as handle:
+        behaviour = json.load(handle)
+    started = time.monotonic()
+    print(f"fake server pid starting on port {args.port}", flush=True)
+
+    if behaviour.get("ignore_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if behaviour.get("spawn_child"):
+        child_code = "import time\nwhile True: time.sleep(1)"
+        if behaviour.get("ignore_sigterm"):
+            child_code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + child_code
+        child = subprocess.Popen([sys.executable, "-c", child_code])
+        print(f"child pid {child.pid}", flush=True)
+
+    ready_after = behaviour.get("ready_after_s", 0)
+    metrics_file = behaviour.get("metrics_file")
+    token_delay = behaviour.get("token_delay_s", 0.01)
+    fail_every = behaviour.get("fail_every")
+    die_after = behaviour.get("die_after")
+    completions = {"n": 0}
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's spelling)
+            if self.path == "/health":
+                up = ready_after is not None and time.monotonic() - started >= ready_after
+                self._answer(200 if up else 503, b"")
+            elif self.path == "/metrics" and metrics_file:
+                with open(metrics_file, "rb") as handle:
+                    self._answer(200, handle.read())
+            else:
+                self._answer(404, b"")
+
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path != "/v1/completions":
+                self._answer(404, b"")
+                return
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                completions["n"] += 1
+                n = completions["n"]
+            if die_after is not None and n > die_after:
+                print(behaviour.get("message", "fake server dying"), file=sys.stderr, flush=True)
+                os._exit(1)
+            if fail_every and n % fail_every == 0:
+                self._answer(500, b'{"error": "fake failure"}')
+                return
+            self.send_response(200)
+            # HTTP/1.0 (http.server's default) without a length: the body ends at close.
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            tokens = int(request.get("max_tokens", 1))
+            for _ in range(tokens):
+                time.sleep(token_delay)
+                chunk = {"choices": [{"index": 0, "text": "x"}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            usage = {"prompt_tokens": 16, "completion_tokens": tokens}
+            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    try:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    except OSError as error:
+        # The line uvicorn writes when the port is taken.
+        print(
+            f"ERROR:    [Errno {error.errno}] error while attempting to bind on address "
+            f"('127.0.0.1', {args.port}): {error.strerror.lower()}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    exit_after = behaviour.get("exit_after_s")
+    while exit_after is None or time.monotonic() - started < exit_after:
+        time.sleep(0.05)
+    print(behaviour.get("message", "fake server exiting"), file=sys.stderr, flush=True)
+    exit_code = int(behaviour.get("exit_code", 1))
+    if exit_code == -signal.SIGKILL:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The study's own logic, with a fake TrialRunner that returns constructed outcomes.
+
+What a user would notice: the baseline is measured first and labelled; a config that breaks a
+relation never reaches a server; --resume keeps what was measured and closes trials a killed
+tuner left RUNNING; Ctrl-C loses nothing; the gate re-runs candidates interleaved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.errors import AutotuneError
+from autotune.objective import default_slos, parse_objective
+from autotune.space import ParamSpec, SearchSpace
+from autotune.study import StudyOptions, TuningStudy
+from autotune.trial import TrialOutcome, TrialTiming
+from server.config import ServerConfig
+from workloads.replay import ReplaySummary
+from workloads.slo import parse_slo
+from workloads.trace import Trace, TraceRequest
+
+EFFECTIVE = {
+    "max_num_seqs": 128,
+    "max_num_batched_tokens": 2048,
+    "gpu_memory_utilization": 0.3,
+    "max_model_len": 2048,
+    "enable_chunked_prefill": True,
+}
+
+
+def window(seconds: float = 10.0) -> Trace:
+    return Trace.from_requests(
+        [TraceRequest(timestamp=i * 500.0, input_length=50, output_length=20) for i in range(int(seconds * 2))],
+        source="test",
+    )
+
+
+def summary(goodput: float, ttft_p95: float, tpot_p95: float = 20.0) -> ReplaySummary:
+    return ReplaySummary(
+        duration=10.0,
+        completed=20,
+        failed=0,
+        total_input_tokens=1000,
+        total_output_tokens=400,
+        request_throughput=2.0,
+        output_throughput=40.0,
+        total_token_throughput=140.0,
+        request_goodput=goodput,
+        p95_ttft_ms=ttft_p95,
+        p95_tpot_ms=tpot_p95,
+    )
+
+
+class FakeRunner:
+    """Scores a config by a fixed formula; remembers every config it was asked to run."""
+
+    def __init__(self, *, interrupt_on_call: int | None = None, fail: dict[int, str] | None = None):
+        self.seen: list[dict[str, Any]] = []
+        self.dirs: list[Path] = []
+        self.interrupt_on_call = interrupt_on_call
+        self.fail = fail or {}
+
+    def score(self, engine: dict[str, Any]) -> tuple[float, float]:
+        seqs = engine.get("max_num_seqs") or EFFECTIVE["max_num_seqs"]
+        # Best around 8 sequences; far from it, less goodput and slower first tokens.
+        distance = abs(math.log2(seqs) - 3)
+        return 2.0 - 0.3 * distance, 400 + 300 * distance
+
+    def run(self, config, window, trial_dir, *, should_prune=None):
+        call = len(self.seen) + 1
+        self.seen.append(dict(config.engine))
+        self.dirs.append(Path(trial_dir))
+        Path(trial_dir).mkdir(parents=True, exist_ok=True)
+        if call == self.interrupt_on_call:
+            raise KeyboardInterrupt
+        timing = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=10.0, teardown_s=0.5)
+        if call in self.fail:
+            return TrialOutcome(ok=False, failure=self.fail[call], failure_detail="boom",
+                                timing=timing, trial_dir=str(trial_dir))
+        goodput, ttft = self.score(config.engine)
+        return TrialOutcome(ok=True, summary=summary(goodput, ttft), timing=timing, trial_dir=str(trial_dir))
+
+
+def make_study(tmp_path: Path, runner, *, n_trials: int = 5, resume: bool = False,
+               space: SearchSpace | None = None, slos=None, name: str = "s") -> TuningStudy:
+    slos = slos if slos is not None else default_slos("cpu")
+    baseline = ServerConfig(engine={"model": "/models/tiny", "max_model_len": 2048})
+    return TuningStudy(
+        options=StudyOptions(study_name=name, output_dir=tmp_path, n_trials=n_trials, resume=resume,
+                             top_k=2, repeats=2),
+        space=space or SearchSpace.default("cpu"),
+        objective=parse_objective("goodput", slos),
+        slos=slos,
+        baseline=baseline,
+        baseline_source="vLLM defaults",
+        tuning_window=window(10),
+        holdout_window=window(6),
+        runner=runner,
+        effective_defaults=EFFECTIVE,
+        say=lambda line: None,
+    )
+
+
+def test_baseline_is_trial_zero_labelled_and_run_unchanged(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    study = make_study(tmp_path, runner, n_trials=3).run_search()
+    first = study.trials[0]
+    assert first.user_attrs["baseline"] is True
+    assert first.user_attrs["overrides"] == {}
+    # The baseline's engine arguments are the baseline file's, nothing added.
+    assert runner.seen[0] == {"model": "/models/tiny", "max_model_len": 2048}
+    # It is recorded with what vLLM would use, so the report can say which defaults it had.
+    assert first.user_attrs["engine_params"]["max_num_seqs"] == 128
+    assert [t.user_attrs.get("baseline", False) for t in study.trials] == [True, False, False]
+    assert all((tmp_path / "trials" / f"trial-{n:04d}").is_dir() for n in range(3))
+
+
+def test_relation_breaking_configs_never_reach_a_server(tmp_path: Path) -> None:
+    # Wide max_num_seqs, small step budgets: many proposals break batched_tokens >= seqs.
+    space = SearchSpace({
+        "max_num_seqs": ParamSpec(type="int", low=16, high=512, log=True),
+        "max_num_batched_tokens": ParamSpec(type="pow2", low=32, high=512),
+    })
+    runner = FakeRunner()
+    study = make_study(tmp_path, runner, n_trials=12, space=space).run_search()
+    for engine in runner.seen[1:]:
+        assert engine["max_num_batched_tokens"] >= engine["max_num_seqs"]
+    invalid = [t for t in study.trials if t.user_attrs.get("failure") == "invalid_config"]
+    assert invalid, "the space should have produced at least one invalid proposal"
+    for trial in invalid:
+        assert "max_num_batched_tokens >= max_num_seqs" in trial.user_attrs["failure_detail"]
+        # Told as an infeasible complete trial, so TPE learns to avoid the region.
+        assert trial.state == TrialState.COMPLETE
+        assert trial.constraints["ran"] > 0
+    assert len(runner.seen) == 12 - len(invalid)
+
+
+def test_existing_study_needs_resume_and_resume_needs_a_study(tmp_path: Path) -> None:
+    make_study(tmp_path, FakeRunner(), n_trials=1).run_search()
+    with pytest.raises(AutotuneError, match="--resume"):
+        make_study(tmp_path, FakeRunner(), n_trials=2).open()
+    with pytest.raises(AutotuneError, match="no study 'other'"):
+        make_study(tmp_path, FakeRunner(), n_trials=2, resume=True, name="other").open()
+
+
+def test_resume_keeps_completed_trials_and_runs_the_rest(tmp_path: Path) -> None:
+    first = make_study(tmp_path, FakeRunner(), n_trials=3).run_search()
+    before = [(t.number, t.params, t.values) for t in first.trials]
+    runner = FakeRunner()
+    study = make_study(tmp_path, runner, n_trials=5, resume=True).run_search()
+    assert [(t.number, t.params, t.values) for t in study.trials[:3]] == before
+    assert len(study.trials) == 5
+    assert len(runner.seen) == 2  # only the new trials ran
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+
+
+def test_resume_refuses_changed_slos(tmp_path: Path) -> None:
+    make_study(tmp_path, FakeRunner(), n_trials=1).run_search()
+    with pytest.raises(AutotuneError, match="slos"):
+        make_study(tmp_path, FakeRunner(), resume=True, slos=[parse_slo("ttft_p95_ms=10")]).open()
+
+
+def test_stale_running_trial_is_failed_on_resume_and_not_counted(tmp_path: Path) -> None:
+    make_study(tmp_path, FakeRunner(), n_trials=2).run_search()
+    # A tuner killed mid-trial leaves its trial RUNNING in the storage.
+    url = f"sqlite:///{(tmp_path / 'study.db').resolve()}"
+    killed = optuna.load_study(study_name="s", storage=url)
+    killed.ask()
+    reaped: list[Path] = []
+    tuning = make_study(tmp_path, FakeRunner(), n_trials=3, resume=True)
+    tuning.reap = lambda path: reaped.append(path) or []
+    study = tuning.run_search()
+    assert reaped == [tmp_path / "servers.json"]  # stale servers are looked for first
+    stale = study.trials[2]
+    assert stale.state == TrialState.FAIL
+    assert "tuner stopped" in stale.user_attrs["interrupted"]
+    assert len(study.trials) == 4  # the stale one did not count toward the 3
+
+
+def test_ctrl_c_marks_the_running_trial_and_loses_nothing(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        make_study(tmp_path, FakeRunner(interrupt_on_call=3), n_trials=4).run_search()
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{(tmp_path / 'study.db').resolve()}")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
+    assert study.trials[2].user_attrs["interrupted"]
+    resumed = make_study(tmp_path, FakeRunner(), n_trials=4, resume=True).run_search()
+    assert sum(t.state == TrialState.COMPLETE for t in resumed.trials) == 4
+
+
+def test_failed_start_is_infeasible_and_the_study_goes_on(tmp_path: Path) -> None:
+    runner = FakeRunner(fail={2: "oom", 3: "port_in_use"})
+    study = make_study(tmp_path, runner, n_trials=4).run_search()
+    oom, port = study.trials[1], study.trials[2]
+    assert oom.state == TrialState.COMPLETE and oom.constraints["ran"] > 0 and oom.user_attrs["failure"] == "oom"
+    # A busy port says nothing about the config: FAIL, which the sampler ignores.
+    assert port.state == TrialState.FAIL
+    assert len(runner.seen) == 4  # a FAIL still counts toward --trials (or a busy port loops)
+
+
+def test_gate_runs_candidates_interleaved_and_keeps_records(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    tuning = make_study(tmp_path, runner, n_trials=5)
+    study = tuning.run_search()
+    searched = len(runner.seen)
+    result = tuning.validate(study)
+    runs = runner.dirs[searched:]
+    names = [d.parent.name for d in runs]
+    assert len(names) == 2 * len(result.candidates)
+    # Every repeat runs every config once before the next repeat starts.
+    half = len(names) // 2
+    assert sorted(names[:half]) == sorted(names[half:]) == sorted(result.candidates)
+    assert names[:half] != names[half:]  # the first config rotates
+    saved = json.loads((tmp_path / "validation" / "measurements.json").read_text())
+    assert len(saved) == len(names)

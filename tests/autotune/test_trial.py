@@ -1,0 +1,189 @@
+"""TrialRunner's own logic (steps, classification, files, teardown) against a fake server
+subprocess that streams completions; the real-engine trial is in test_trial_engine.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.launcher import StaleServerRegistry
+from autotune.trial import TrialOutcome, TrialRunner
+from server.config import ServerConfig
+from workloads.replay import ReplaySummary, RequestRecord
+from workloads.trace import Trace, TraceRequest
+
+HERE = Path(__file__).parent
+FAKE_SERVER = HERE / "fake_server.py"
+METRICS = HERE / "fixtures" / "metrics_vllm_0_32.txt"
+
+
+@pytest.fixture(scope="module")
+def config() -> ServerConfig:
+    return ServerConfig(engine={"model": "fake", "max_num_seqs": 8})
+
+
+def window(n: int = 12, spacing_ms: float = 100.0, output_length: int = 5) -> Trace:
+    return Trace.from_requests(
+        [
+            TraceRequest(timestamp=i * spacing_ms, input_length=10 + i, output_length=output_length)
+            for i in range(n)
+        ],
+        source="test window",
+    )
+
+
+def runner(tmp_path: Path, **behaviour: object) -> TrialRunner:
+    behaviour.setdefault("metrics_file", str(METRICS))
+    path = tmp_path / "behaviour.json"
+    path.write_text(json.dumps(behaviour))
+    return TrialRunner(
+        server_command=[sys.executable, str(FAKE_SERVER), "--behaviour", str(path)],
+        startup_timeout_s=10,
+        warmup_requests=2,
+        scrape_interval_s=0.2,
+        stale_registry=tmp_path / "servers.json",
+    )
+
+
+def server_pids(trial_dir: Path) -> list[int]:
+    """Processes still running with this trial's config.yaml on their command line."""
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"] and str(trial_dir / "config.yaml") in p.info["cmdline"]
+    ]
+
+
+def assert_outcome_file_matches(outcome: TrialOutcome, trial_dir: Path) -> None:
+    on_disk = TrialOutcome.model_validate_json((trial_dir / "outcome.json").read_text())
+    assert on_disk == outcome
+
+
+def test_ok_trial_writes_every_file_and_stops_the_server(tmp_path: Path, config: ServerConfig) -> None:
+    trial_dir = tmp_path / "study" / "trial-0000"
+    outcome = runner(tmp_path).run(config, window(), trial_dir)
+
+    assert outcome.ok, outcome.failure_detail
+    assert outcome.failure is None
+    assert sorted(p.name for p in trial_dir.iterdir()) == [
+        "config.yaml",
+        "outcome.json",
+        "requests.jsonl",
+        "server.log",
+        "server_metrics.json",
+        "summary.json",
+    ]
+    assert ServerConfig.load(trial_dir / "config.yaml").engine["max_num_seqs"] == 8
+    records = [
+        RequestRecord.model_validate_json(line)
+        for line in (trial_dir / "requests.jsonl").read_text().splitlines()
+    ]
+    assert [r.index for r in records] == list(range(12))
+    assert all(r.error is None and r.output_tokens == 5 for r in records)
+    summary = ReplaySummary.model_validate_json((trial_dir / "summary.json").read_text())
+    assert summary.completed == 12 and summary == outcome.summary
+    assert_outcome_file_matches(outcome, trial_dir)
+
+    timing = outcome.timing
+    assert timing is not None
+    assert 0 <= timing.launch_s <= timing.ready_s
+    # The window's last request is scheduled at 1.1 s: measuring cannot take less.
+    assert timing.measure_s >= 1.1
+    assert timing.warmup_s > 0 and timing.teardown_s > 0
+    assert outcome.server_metrics is not None and len(outcome.server_metrics.timeline) >= 3
+    assert outcome.teardown is not None and outcome.teardown.leftover_pids == []
+    assert server_pids(trial_dir) == []
+    assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
+
+
+def test_too_many_http_errors_fail_the_trial_but_keep_the_summary(
+    tmp_path: Path, config: ServerConfig
+) -> None:
+    trial_dir = tmp_path / "trial-0001"
+    # Every 4th completion fails: 25% of the window, well above the 5% limit.
+    outcome = runner(tmp_path, fail_every=4).run(config, window(), trial_dir)
+    assert not outcome.ok
+    assert outcome.failure == "http_errors"
+    assert "HTTP 500" in outcome.failure_detail
+    assert outcome.summary is not None and outcome.summary.failed >= 2
+    assert (trial_dir / "summary.json").exists() and (trial_dir / "requests.jsonl").exists()
+    assert outcome.timing is not None  # the window was measured
+    assert_outcome_file_matches(outcome, trial_dir)
+
+
+def test_server_dying_in_the_window_is_a_crash_with_its_last_words(
+    tmp_path: Path, config: ServerConfig
+) -> None:
+    trial_dir = tmp_path / "trial-0002"
+    message = "RuntimeError: EngineCore died unexpectedly"
+    # 2 warm-up requests, then 3 of the window, then the process exits.
+    outcome = runner(tmp_path, die_after=5, message=message).run(config, window(), trial_dir)
+    assert outcome.failure == "crash"
+    assert "during the window" in outcome.failure_detail
+    assert message in outcome.failure_detail
+    assert server_pids(trial_dir) == []
+    assert_outcome_file_matches(outcome, trial_dir)
+
+
+def test_start_timeout_is_an_outcome_not_an_exception(tmp_path: Path, config: ServerConfig) -> None:
+    trial_dir = tmp_path / "trial-0003"
+    trial_runner = runner(tmp_path, ready_after_s=None, spawn_child=True)
+    trial_runner.startup_timeout_s = 1.5
+    outcome = trial_runner.run(config, window(), trial_dir)
+    assert outcome.failure == "start_timeout"
+    assert outcome.summary is None and outcome.timing is None
+    assert outcome.teardown is not None and outcome.teardown.leftover_pids == []
+    assert sorted(p.name for p in trial_dir.iterdir()) == ["config.yaml", "outcome.json", "server.log"]
+    assert server_pids(trial_dir) == []
+    assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
+
+
+def test_pruner_stops_the_window(tmp_path: Path, config: ServerConfig) -> None:
+    trial_dir = tmp_path / "trial-0004"
+    asked: list[float] = []
+
+    def should_prune(elapsed_s: float, summary: ReplaySummary) -> bool:
+        asked.append(elapsed_s)
+        return elapsed_s >= 1.0
+
+    long_window = window(n=60, spacing_ms=100.0)  # 6 s if not stopped
+    outcome = runner(tmp_path).run(config, long_window, trial_dir, should_prune=should_prune)
+    assert outcome.failure == "pruned"
+    assert asked and asked[-1] >= 1.0
+    assert outcome.summary is not None and outcome.summary.stopped_early
+    assert outcome.timing is not None and outcome.timing.measure_s < 4.0
+    assert server_pids(trial_dir) == []
+
+
+def test_ctrl_c_stops_the_server_records_interrupted_and_reraises(
+    tmp_path: Path, config: ServerConfig
+) -> None:
+    trial_dir = tmp_path / "trial-0005"
+    long_window = window(n=100, spacing_ms=100.0)  # 10 s; interrupted after ~1 s of it
+    trial_runner = runner(tmp_path, spawn_child=True)
+
+    def interrupt_once_measuring() -> None:
+        deadline = threading.Event()
+        while not deadline.wait(0.05):
+            if (trial_dir / "server.log").exists() and server_pids(trial_dir):
+                break
+        deadline.wait(2.0)  # start + warm-up of the fake take well under a second
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_once_measuring, daemon=True)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt):
+        trial_runner.run(config, long_window, trial_dir)
+    thread.join()
+    outcome = TrialOutcome.model_validate_json((trial_dir / "outcome.json").read_text())
+    assert outcome.failure == "interrupted" and not outcome.ok
+    assert outcome.teardown is not None and outcome.teardown.leftover_pids == []
+    assert server_pids(trial_dir) == []
+    assert StaleServerRegistry(tmp_path / "servers.json").entries() == []

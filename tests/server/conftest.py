@@ -1,0 +1,119 @@
+"""One real server process per test session: `python -m server --config <yaml> --benchmark-mode`.
+
+Starting a vLLM engine costs ~30 s on 2 CPU cores, so every HTTP test shares this one.
+Its settings are chosen so that each feature can be seen: a small scheduler (max_num_seqs=4)
+and admission limit (2 waiting) for the 503 test, a bearer token for the auth test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.config import ServerConfig, ServingSettings, default_engine_settings
+
+API_KEY = "test-token"
+MAX_NUM_SEQS = 4
+MAX_WAITING = 2
+START_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    config: ServerConfig
+    answered_503_while_starting: bool
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {API_KEY}"}
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_process_group(process: subprocess.Popen, timeout_s: float = 30) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    deadline = time.monotonic() + 10  # then every child (the engine core) must be gone too
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    folder = tmp_path_factory.mktemp("server")
+    config = ServerConfig(
+        engine={**default_engine_settings(), "max_num_seqs": MAX_NUM_SEQS},
+        api_key=API_KEY,
+        serving=ServingSettings(max_waiting_requests=MAX_WAITING),
+        provenance={"purpose": "tests/server"},
+    )
+    config_path = folder / "config.yaml"
+    config.write(config_path)
+    port = free_port()
+    log_path = folder / "server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "server", "--config", str(config_path), "--port", str(port),
+             "--benchmark-mode"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the engine core dies with it
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        saw_503 = wait_until_healthy(url, process, log_path)
+        yield RunningServer(url, process, log_path, config, saw_503)
+    finally:
+        stop_process_group(process)
+
+
+def log_tail(log_path: Path, lines: int = 40) -> str:
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> bool:
+    """Waits for /health 200; returns whether /health answered 503 while the engine loaded."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    saw_503 = False
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"server exited with {process.returncode}:\n{log_tail(log_path)}")
+        try:
+            status = httpx.get(url + "/health", timeout=2).status_code
+        except httpx.TransportError:
+            status = None
+        if status == 200:
+            return saw_503
+        saw_503 = saw_503 or status == 503
+        time.sleep(0.5)
+    pytest.fail(f"server not healthy after {START_TIMEOUT_S} s:\n{log_tail(log_path)}")

@@ -1,0 +1,270 @@
+"""The JSONL trace format: loading, validation messages, repairs, writing."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workloads.errors import TraceError, WorkloadError
+from workloads.trace import (
+    Trace,
+    TraceRequest,
+    TraceWarning,
+    load_trace,
+    read_trace,
+    write_trace,
+)
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_loads_fields_and_optional_columns(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            '{"timestamp": 1500, "input_length": 20, "output_length": 30, "source_lang": "en", '
+            '"target_lang": "de", "session_id": "a"}',
+            '{"output_length": 5, "input_length": 7, "timestamp": 2500.5, "hash_ids": [1, 2]}',
+            '{"timestamp": 3000, "input_length": 9, "output_length": 1, "latency_ms": 120.5}',
+        ],
+    )
+    trace = load_trace(path)
+    assert len(trace) == 3
+    # The first request need not arrive at 0: times are kept as recorded.
+    assert trace.timestamps_ms.tolist() == [1500.0, 2500.5, 3000.0]
+    assert trace.input_lengths.tolist() == [20, 7, 9]
+    assert trace.output_lengths.tolist() == [30, 5, 1]
+    assert trace.source_langs == ["en", None, None]
+    assert trace.hash_ids is not None and list(trace.hash_ids) == [None, [1, 2], None]
+    assert trace.latencies_ms is not None and np.isnan(trace.latencies_ms[0])
+    assert trace.latencies_ms[2] == 120.5
+    assert trace.duration_s() == 1.5
+    assert trace.request(1) == TraceRequest(
+        timestamp=2500.5, input_length=7, output_length=5, hash_ids=[1, 2]
+    )
+    assert trace.source_langs is not None
+    # No line had target_lang in lines 2-3, but line 1 did: the column exists with None.
+    assert trace.target_langs == ["de", None, None]
+    assert trace.session_ids == ["a", None, None]
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "reason"),
+    [
+        ('{"timestamp": 0, "input_length": 0, "output_length": 3}', "input_length", ">= 1"),
+        ('{"timestamp": -1, "input_length": 2, "output_length": 3}', "timestamp", ">= 0"),
+        ('{"timestamp": 0, "input_length": 2.5, "output_length": 3}', "input_length", "integer"),
+        ('{"timestamp": 0, "input_length": "12", "output_length": 3}', "input_length", "integer"),
+        ('{"timestamp": 0, "input_length": true, "output_length": 3}', "input_length", "integer"),
+        ('{"timestamp": NaN, "input_length": 2, "output_length": 3}', "timestamp", "finite"),
+        ('{"timestamp": 0, "input_length": 2}', "output_length", "missing"),
+        (
+            '{"timestamp": 0, "input_length": 2, "output_length": 3, "prompt": "x"}',
+            "prompt",
+            "unknown",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 2, "output_length": 3, "hash_ids": [1, "a"]}',
+            "hash_ids",
+            "integers",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 2, "output_length": 3, "source_lang": 5}',
+            "source_lang",
+            "string",
+        ),
+        ('{"timestamp": 0, "input_length": 2, "output_length": 3', "-", "not valid JSON"),
+        ("[1, 2, 3]", "-", "JSON object"),
+    ],
+)
+def test_bad_line_names_file_line_field_and_value(
+    tmp_path: Path, line: str, field: str, reason: str
+) -> None:
+    good = '{"timestamp": 0, "input_length": 2, "output_length": 3}'
+    path = write_lines(tmp_path / "bad.jsonl", [good, good, line, good])
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    error = caught.value
+    assert (error.path, error.line, error.field) == (str(path), 3, field)
+    assert reason in error.reason
+    assert str(error).startswith(f"{path}:3: field '{field}' = ")
+
+
+def test_skip_invalid_drops_bad_lines_and_reports_the_count(tmp_path: Path) -> None:
+    good = '{"timestamp": %d, "input_length": 2, "output_length": 3}'
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            good % 0,
+            "not json",
+            good % 10,
+            '{"timestamp": 20, "input_length": 0, "output_length": 1}',
+        ],
+    )
+    loaded = read_trace(path, skip_invalid=True)
+    assert len(loaded.trace) == 2
+    assert loaded.invalid == 2
+    assert [e.line for e in loaded.errors] == [2, 4]
+    with pytest.warns(TraceWarning, match="skipped 2 invalid line"):
+        load_trace(path, skip_invalid=True)
+
+
+def test_unsorted_timestamps_are_sorted_with_a_warning(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            '{"timestamp": 30, "input_length": 3, "output_length": 1}',
+            '{"timestamp": 10, "input_length": 1, "output_length": 1}',
+            '{"timestamp": 20, "input_length": 2, "output_length": 1}',
+        ],
+    )
+    with pytest.warns(TraceWarning, match="not in ascending order"):
+        trace = load_trace(path)
+    assert trace.timestamps_ms.tolist() == [10, 20, 30]
+    # Rows move with their timestamps.
+    assert trace.input_lengths.tolist() == [1, 2, 3]
+
+
+def test_empty_and_missing_files_give_clear_errors(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    with pytest.raises(WorkloadError, match="no requests"):
+        load_trace(empty)
+    with pytest.raises(WorkloadError, match="no such trace file"):
+        load_trace(tmp_path / "absent.jsonl")
+    only_bad = write_lines(tmp_path / "bad.jsonl", ["{}", "{}"])
+    with pytest.raises(WorkloadError, match="all 2 non-empty lines are invalid"):
+        load_trace(only_bad, skip_invalid=True)
+
+
+def test_line_straddling_objects_cannot_sneak_through_the_fast_path(tmp_path: Path) -> None:
+    # Joined, lines 1-2 would read as one valid object and line 3 as two: the loader must
+    # still judge each line on its own.
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1',
+            "2]}",
+            '{"timestamp": 1, "input_length": 1, "output_length": 1},'
+            '{"timestamp": 2, "input_length": 1, "output_length": 1}',
+        ],
+    )
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    assert caught.value.line == 1
+
+
+def test_write_is_atomic_and_round_trips(tmp_path: Path) -> None:
+    requests = [
+        TraceRequest(timestamp=0, input_length=10, output_length=20, source_lang="en"),
+        TraceRequest(timestamp=12.5, input_length=11, output_length=21, hash_ids=[3, 4]),
+    ]
+    path = tmp_path / "out" / "t.jsonl"
+    write_trace(path, requests)
+    assert [p.name for p in path.parent.iterdir()] == ["t.jsonl"]  # no temp file left
+    assert list(load_trace(path)) == requests
+    # Writing a Trace (the columnar path) gives the same file.
+    again = tmp_path / "again.jsonl"
+    write_trace(again, Trace.from_requests(requests))
+    assert again.read_text() == path.read_text()
+    assert json.loads(path.read_text().splitlines()[0]) == {
+        "timestamp": 0.0,
+        "input_length": 10,
+        "output_length": 20,
+        "source_lang": "en",
+    }
+
+
+def test_slice_subset_and_rebase() -> None:
+    trace = Trace(
+        [1000.0, 2000.0, 3000.0, 4000.0],
+        [1, 2, 3, 4],
+        [5, 6, 7, 8],
+        session_ids=["a", "b", "c", "d"],
+        hash_ids=[[1], None, [2, 3], [4]],
+    )
+    window = trace.slice_time(1500, 3500)
+    assert window.timestamps_ms.tolist() == [500.0, 1500.0]
+    assert window.session_ids == ["b", "c"]
+    assert window.hash_ids is not None and list(window.hash_ids) == [None, [2, 3]]
+    picked = trace.subset([3, 0])
+    assert picked.timestamps_ms.tolist() == [1000.0, 4000.0]  # kept in time order
+    assert picked.hash_ids is not None and list(picked.hash_ids) == [[1], [4]]
+    assert trace.rebased().timestamps_ms.tolist() == [0.0, 1000.0, 2000.0, 3000.0]
+
+
+requests_strategy = st.builds(
+    TraceRequest,
+    timestamp=st.floats(min_value=0, max_value=1e9, allow_nan=False).map(lambda x: round(x, 3)),
+    input_length=st.integers(1, 2**31 - 1),
+    output_length=st.integers(1, 2**31 - 1),
+    hash_ids=st.none() | st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5),
+    source_lang=st.none() | st.text(max_size=5),
+    target_lang=st.none() | st.sampled_from(["en", "de"]),
+    session_id=st.none() | st.text(max_size=8),
+    latency_ms=st.none() | st.floats(min_value=0, max_value=1e7, allow_nan=False),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(requests=st.lists(requests_strategy, min_size=1, max_size=20))
+def test_valid_requests_round_trip(tmp_path: Path, requests: list[TraceRequest]) -> None:
+    path = tmp_path / "rt.jsonl"
+    write_trace(path, requests)
+    expected = sorted(requests, key=lambda r: r.timestamp)  # stable, like the loader
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        fast = load_trace(path)
+        # One line per chunk forces the line-by-line parser; both must agree.
+        slow = read_trace(path, chunk_lines=1).trace
+    assert list(fast) == expected
+    assert list(slow) == expected
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.binary(max_size=400)
+    | st.lists(
+        st.text(max_size=60)
+        | st.sampled_from(
+            [
+                '{"timestamp": 0, "input_length": 1, "output_length": 1}',
+                '{"timestamp": 1e400, "input_length": 1, "output_length": 1}',
+                '{"timestamp": 0, "input_length": 99999999999999999999999, "output_length": 1}',
+                '{"timestamp": 0, "input_length": 1, "output_length": 1, "latency_ms": -1}',
+                "[" * 5000,
+                "\x00",
+            ]
+        ),
+        max_size=8,
+    ).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass")),
+    skip=st.booleans(),
+)
+def test_arbitrary_input_raises_only_workload_errors(
+    tmp_path: Path, data: bytes, skip: bool
+) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        try:
+            trace = load_trace(path, skip_invalid=skip)
+        except WorkloadError:
+            return
+    # Whatever loaded is valid: lengths >= 1, times finite and sorted.
+    assert len(trace) >= 1
+    assert np.all(trace.input_lengths >= 1) and np.all(trace.output_lengths >= 1)
+    assert np.all(np.isfinite(trace.timestamps_ms)) and np.all(np.diff(trace.timestamps_ms) >= 0)

@@ -1,0 +1,617 @@
+"""The replayer: send a trace to an OpenAI-compatible server and measure every request.
+
+Two modes (`ReplayMode`):
+
+- `timed` (open loop): request i is sent at `timestamp_i / speedup` seconds after the start,
+  whatever the server is doing, as production traffic would arrive. Deadlines are absolute
+  (one start on the monotonic clock, which is what asyncio's `loop.time()` reads), so
+  sleeps never accumulate drift. Times are read with `time.monotonic()` itself rather than
+  `loop.time()`: same clock, but never the millisecond-cached one some loops (uvloop) keep.
+- `concurrency=N` (closed loop): N requests in flight at all times, in trace order; a slot
+  sends its next request the moment its previous one finishes.
+
+Per request we record the scheduled and actual send time (their difference is the
+client's own lag: if it grows, the client, not the server, is the bottleneck), TTFT, the
+inter-token gaps, E2E latency, token counts, HTTP status and an error string. Errors are
+recorded, never raised: a server that fails half its requests is a measurement.
+
+Timing rules (the same as `vllm bench serve` unless said otherwise):
+- Clocks start when the request is handed to the HTTP client (`sent_s`), so TTFT and E2E
+  include connection set-up when a new connection is needed, and exclude client lag.
+- TTFT: arrival of the first chunk that carries a token (non-empty `text`, or non-empty
+  `token_ids` when the server returns them). Empty chunks are not tokens.
+- Inter-token gaps: one gap per token after the first. A chunk whose token count is known
+  (`token_ids` in the chunk) and is k > 1 spreads its gap evenly: k gaps of gap/k. Extra
+  tokens bundled into the *first* chunk arrived with it and count as gaps of 0. When a
+  server bundles tokens without saying how many, each chunk counts as one token for the
+  gaps (as `vllm bench serve` does) and only `output_tokens` (from `usage`) is exact.
+- E2E: from send to the end of the stream (`[DONE]`).
+- Output tokens: `usage.completion_tokens` when the server sends usage, else the tokens
+  counted from chunks.
+
+The event loop is asyncio's default one: `benchmarks/replayer_rate.py` measured uvloop
+against it (see `results/benchmarks/replayer_rate.json`), and the default loop is kept
+because uvloop did not raise the sustainable rate enough to justify a dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import httpx
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from workloads.errors import WorkloadError
+from workloads.prompts import PromptFactory
+from workloads.slo import SLO, request_is_good, request_tpot_ms, slo_met
+from workloads.trace import Trace
+
+logger = logging.getLogger(__name__)
+
+# Above this send-lag p99 the client is not keeping the schedule: the run measures the
+# replayer as much as the server, so the summary says so.
+CLIENT_LAG_WARN_MS = 10.0
+# How much of an error response body goes into the record (one line, bounded).
+_ERROR_BODY_CHARS = 300
+
+ProgressCallback = Callable[[float, "ReplaySummary"], bool | None]
+
+
+class ReplayMode(BaseModel):
+    """`timed` (recorded arrival times) or `concurrency=N` (closed loop with N in flight)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["timed", "concurrency"]
+    concurrency: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | ReplayMode) -> ReplayMode:
+        if isinstance(text, ReplayMode):
+            return text
+        spec = text.strip()
+        if spec == "timed":
+            return cls(kind="timed")
+        name, sep, value = spec.partition("=")
+        if name == "concurrency" and sep:
+            try:
+                n = int(value)
+            except ValueError:
+                n = 0
+            if n >= 1:
+                return cls(kind="concurrency", concurrency=n)
+        raise WorkloadError(
+            f"replay mode {text!r}: expected 'timed' or 'concurrency=N' with N >= 1, "
+            "e.g. concurrency=16"
+        )
+
+    def __str__(self) -> str:
+        return "timed" if self.kind == "timed" else f"concurrency={self.concurrency}"
+
+
+class RequestRecord(BaseModel):
+    """What happened to one request. Times are seconds from the replay start; latencies ms."""
+
+    index: int
+    scheduled_s: float
+    sent_s: float
+    lag_ms: float
+    ttft_ms: float | None = None
+    itl_ms: list[float] = []
+    e2e_ms: float | None = None
+    input_tokens: int
+    output_tokens: int = 0
+    status: int | None = None
+    error: str | None = None
+    # In flight when the replay was stopped early (on_progress returned True): neither
+    # completed nor failed.
+    cancelled: bool = False
+
+
+class ReplaySummary(BaseModel):
+    """A run's figures, under the key names `vllm bench serve` writes."""
+
+    duration: float
+    completed: int
+    failed: int
+    cancelled: int = 0
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    request_goodput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p95_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p95_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p95_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    median_e2el_ms: float | None = None
+    p90_e2el_ms: float | None = None
+    p95_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
+    send_lag_p50_ms: float | None = None
+    send_lag_p99_ms: float | None = None
+    send_lag_max_ms: float | None = None
+    client_lagging: bool = False
+    slo_met: dict[str, bool] = {}
+    stopped_early: bool = False
+
+
+class ReplayResult(BaseModel):
+    records: list[RequestRecord]
+    summary: ReplaySummary
+
+    def write(self, records_path: str | os.PathLike[str], summary_path: str | os.PathLike[str]) -> None:
+        """Per-request JSONL and the summary JSON, each written atomically."""
+        write_records(records_path, self.records)
+        _write_atomic(Path(summary_path), self.summary.model_dump_json(indent=2) + "\n")
+
+
+def write_records(path: str | os.PathLike[str], records: Iterable[RequestRecord]) -> None:
+    """One RequestRecord per JSONL line, written atomically."""
+    _write_atomic(Path(path), "".join(record.model_dump_json() + "\n" for record in records))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _stats(values: np.ndarray, name: str) -> dict[str, float | None]:
+    if values.size == 0:
+        return {f"{k}_{name}_ms": None for k in ("mean", "median", "p90", "p95", "p99")}
+    p50, p90, p95, p99 = np.percentile(values, [50, 90, 95, 99])
+    return {
+        f"mean_{name}_ms": float(values.mean()),
+        f"median_{name}_ms": float(p50),
+        f"p90_{name}_ms": float(p90),
+        f"p95_{name}_ms": float(p95),
+        f"p99_{name}_ms": float(p99),
+    }
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    slos: Sequence[SLO] = (),
+    *,
+    stopped_early: bool = False,
+) -> ReplaySummary:
+    """Aggregate records over a run that lasted `duration_s` seconds."""
+    done = [r for r in records if r.error is None and not r.cancelled]
+    failed = sum(1 for r in records if r.error is not None and not r.cancelled)
+    cancelled = sum(1 for r in records if r.cancelled)
+    duration = max(duration_s, 1e-9)
+    total_in = sum(r.input_tokens for r in done)
+    total_out = sum(r.output_tokens for r in done)
+    metrics = {
+        "ttft": np.array([r.ttft_ms for r in done if r.ttft_ms is not None], dtype=np.float64),
+        "tpot": np.array(
+            [t for t in (request_tpot_ms(r) for r in done) if t is not None], dtype=np.float64
+        ),
+        "itl": np.fromiter(
+            (gap for r in done for gap in r.itl_ms), dtype=np.float64
+        ),
+        "e2el": np.array([r.e2e_ms for r in done if r.e2e_ms is not None], dtype=np.float64),
+    }
+    values: dict[str, object] = {}
+    for name, array in metrics.items():
+        values.update(_stats(array, name))
+    lags = np.array([r.lag_ms for r in records], dtype=np.float64)
+    lag_p50 = lag_p99 = lag_max = None
+    if lags.size:
+        lag_p50, lag_p99 = (float(v) for v in np.percentile(lags, [50, 99]))
+        lag_max = float(lags.max())
+    goodput = None
+    if slos:
+        good = sum(1 for r in done if request_is_good(r, slos))
+        goodput = good / duration
+    return ReplaySummary(
+        duration=duration_s,
+        completed=len(done),
+        failed=failed,
+        cancelled=cancelled,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=len(done) / duration,
+        output_throughput=total_out / duration,
+        total_token_throughput=(total_in + total_out) / duration,
+        request_goodput=goodput,
+        send_lag_p50_ms=lag_p50,
+        send_lag_p99_ms=lag_p99,
+        send_lag_max_ms=lag_max,
+        client_lagging=lag_p99 is not None and lag_p99 > CLIENT_LAG_WARN_MS,
+        slo_met={slo.spec(): slo_met(metrics[slo.metric], slo) for slo in slos},
+        stopped_early=stopped_early,
+        **values,
+    )
+
+
+@dataclass(slots=True)
+class _Stream:
+    """What one streamed answer delivered, gathered while reading it."""
+
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+    chunk_tokens: int = 0
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    done: bool = False
+    end_s: float | None = None
+    error: str | None = None
+
+    def add_chunk(self, now: float, chunk: dict) -> None:
+        if "error" in chunk and not chunk.get("choices"):
+            self.error = f"server error in stream: {_one_line(json.dumps(chunk['error']))}"
+            return
+        choices = chunk.get("choices") or ()
+        if choices:
+            choice = choices[0]
+            token_ids = choice.get("token_ids")
+            tokens = len(token_ids) if token_ids else (1 if choice.get("text") else 0)
+            if tokens:
+                if self.first_token_s is None:
+                    self.first_token_s = now
+                    self.gaps_s.extend([0.0] * (tokens - 1))
+                else:
+                    gap = (now - self.last_token_s) / tokens
+                    self.gaps_s.extend([gap] * tokens)
+                self.last_token_s = now
+                self.chunk_tokens += tokens
+        usage = chunk.get("usage")
+        if usage:
+            self.usage_prompt_tokens = usage.get("prompt_tokens", self.usage_prompt_tokens)
+            self.usage_completion_tokens = usage.get(
+                "completion_tokens", self.usage_completion_tokens
+            )
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _ERROR_BODY_CHARS else flat[: _ERROR_BODY_CHARS - 3] + "..."
+
+
+class _Replay:
+    """One replay run: the schedule, the requests in flight and the records so far."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        client: httpx.AsyncClient,
+        *,
+        mode: ReplayMode,
+        speedup: float,
+        duration_s: float | None,
+        slos: Sequence[SLO],
+        model: str | None,
+        benchmark_mode: bool,
+        timeout_s: float,
+        on_progress: ProgressCallback | None,
+        prompts: PromptFactory,
+    ) -> None:
+        self.trace = trace
+        self.client = client
+        self.mode = mode
+        self.speedup = speedup
+        self.duration_s = duration_s
+        self.slos = slos
+        self.model = model
+        self.benchmark_mode = benchmark_mode
+        self.timeout_s = timeout_s
+        self.on_progress = on_progress
+        self.prompts = prompts
+        self.records: list[RequestRecord] = []
+        self.in_flight: set[asyncio.Task] = set()
+        self.stop_requested = asyncio.Event()
+        self.t0 = 0.0
+
+    # -- building and sending one request ------------------------------------------------
+
+    def body(self, i: int) -> bytes:
+        trace = self.trace
+        out = int(trace.output_lengths[i])
+        hash_ids = None if trace.hash_ids is None else trace.hash_ids[i]
+        payload: dict = {
+            "prompt": self.prompts.prompt(i, int(trace.input_lengths[i]), hash_ids),
+            "max_tokens": out,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        }
+        if self.benchmark_mode:
+            payload["ignore_eos"] = True
+            payload["min_tokens"] = out
+        if self.model is not None:
+            payload["model"] = self.model
+        return json.dumps(payload, separators=(",", ":")).encode()
+
+    async def send(self, i: int, scheduled_s: float, body: bytes) -> None:
+        sent = time.monotonic()
+        stream = _Stream()
+        status: int | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self.client.stream("POST", "/v1/completions", content=body) as response:
+                    status = response.status_code
+                    if status != 200:
+                        text = (await response.aread()).decode("utf-8", "replace")
+                        error = f"HTTP {status}: {_one_line(text)}"
+                    else:
+                        await self._read_stream(response, stream)
+                        error = stream.error
+        except asyncio.CancelledError:
+            self._record(i, scheduled_s, sent, stream, status, "cancelled: replay stopped", True)
+            raise
+        except TimeoutError:
+            error = f"timeout: no complete answer within {self.timeout_s:g} s"
+        except httpx.ConnectError as exc:
+            error = f"connection failed: {_one_line(str(exc)) or type(exc).__name__}"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {_one_line(str(exc))}"
+        except (OSError, ValueError) as exc:  # socket errors; undecodable JSON in the stream
+            error = f"{type(exc).__name__}: {_one_line(str(exc))}"
+        if error is None and stream.first_token_s is None:
+            error = "stream ended without any token"
+        elif error is None and not stream.done:
+            error = "stream ended before [DONE]"
+        self._record(i, scheduled_s, sent, stream, status, error, False)
+
+    async def _read_stream(self, response: httpx.Response, stream: _Stream) -> None:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, comments, `event:` lines
+            data = line[5:].strip()
+            now = time.monotonic()
+            if data == "[DONE]":
+                # Keep reading to the end of the body: a connection is only reused once
+                # its response was read to the end.
+                stream.done = True
+                stream.end_s = now
+                continue
+            stream.add_chunk(now, json.loads(data))
+            if stream.error is not None:
+                break
+
+    def _record(
+        self,
+        i: int,
+        scheduled_s: float,
+        sent: float,
+        stream: _Stream,
+        status: int | None,
+        error: str | None,
+        cancelled: bool,
+    ) -> None:
+        end = time.monotonic() if stream.end_s is None else stream.end_s
+        ttft = None if stream.first_token_s is None else (stream.first_token_s - sent) * 1e3
+        output_tokens = (
+            stream.usage_completion_tokens
+            if stream.usage_completion_tokens is not None
+            else stream.chunk_tokens
+        )
+        input_tokens = (
+            stream.usage_prompt_tokens
+            if stream.usage_prompt_tokens is not None
+            else int(self.trace.input_lengths[i])
+        )
+        sent_s = sent - self.t0
+        # Our own values, already the right types: skip re-validation on the hot path.
+        self.records.append(
+            RequestRecord.model_construct(
+                index=i,
+                scheduled_s=scheduled_s,
+                sent_s=sent_s,
+                lag_ms=(sent_s - scheduled_s) * 1e3,
+                ttft_ms=ttft,
+                itl_ms=[gap * 1e3 for gap in stream.gaps_s],
+                e2e_ms=None if error is not None else (end - sent) * 1e3,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                status=status,
+                error=error,
+                cancelled=cancelled,
+            )
+        )
+
+    # -- schedules ------------------------------------------------------------------------
+
+    def _last_index(self) -> int:
+        """How many requests of the trace this run may send (timed mode: within duration)."""
+        n = len(self.trace)
+        if self.mode.kind == "timed" and self.duration_s is not None:
+            cutoff_ms = self.duration_s * 1000.0 * self.speedup
+            n = int(np.searchsorted(self.trace.timestamps_ms, cutoff_ms, side="left"))
+        return n
+
+    def _launch(self, i: int, scheduled_s: float, body: bytes) -> None:
+        task = asyncio.create_task(self.send(i, scheduled_s, body))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    async def _timed(self, first_body: bytes | None) -> None:
+        offsets_s = self.trace.timestamps_ms / 1000.0 / self.speedup
+        for i in range(self._last_index()):
+            # Build the body while waiting for the deadline, not after it.
+            body = first_body if i == 0 and first_body is not None else self.body(i)
+            scheduled_s = float(offsets_s[i])
+            delay = self.t0 + scheduled_s - time.monotonic()
+            # Also yields when late, so the request just launched starts before the next.
+            await asyncio.sleep(max(delay, 0.0))
+            self._launch(i, scheduled_s, body)
+        while self.in_flight:
+            await asyncio.wait(list(self.in_flight))
+
+    async def _closed_loop(self) -> None:
+        next_index = iter(range(self._last_index()))
+
+        async def slot() -> None:
+            for i in next_index:  # shared iterator: each slot takes the next request
+                scheduled_s = time.monotonic() - self.t0
+                if self.duration_s is not None and scheduled_s >= self.duration_s:
+                    return
+                await self.send(i, scheduled_s, self.body(i))
+
+        assert self.mode.concurrency is not None
+        slots = [asyncio.create_task(slot()) for _ in range(self.mode.concurrency)]
+        self.in_flight.update(slots)
+        for task in slots:
+            task.add_done_callback(self.in_flight.discard)
+        await asyncio.gather(*slots)
+
+    async def _progress(self) -> None:
+        assert self.on_progress is not None
+        tick = 1
+        while True:
+            await asyncio.sleep(max(self.t0 + tick - time.monotonic(), 0.0))
+            elapsed = time.monotonic() - self.t0
+            tick = int(elapsed) + 1
+            summary = summarize(list(self.records), elapsed, self.slos)
+            # The callback may touch storage (Optuna trial.report): keep it off the loop
+            # that is timing sends.
+            if await asyncio.to_thread(self.on_progress, elapsed, summary):
+                self.stop_requested.set()
+                return
+
+    # -- the run --------------------------------------------------------------------------
+
+    async def run(self) -> ReplayResult:
+        _warm_up_http_client()
+        # The first request is due at once: build it before the clock starts.
+        first_body = self.body(0) if len(self.trace) else None
+        self.t0 = time.monotonic()
+        if self.mode.kind == "timed":
+            schedule = self._timed(first_body)
+        else:
+            schedule = self._closed_loop()
+        work = asyncio.create_task(schedule)
+        stop = asyncio.create_task(self.stop_requested.wait())
+        progress = asyncio.create_task(self._progress()) if self.on_progress else None
+        try:
+            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stopped_early = not work.done()
+            if stopped_early:
+                logger.info("replay stopped early by on_progress; cancelling in-flight requests")
+            end = time.monotonic()
+        finally:
+            for task in (work, stop, progress, *self.in_flight):
+                if task is not None:
+                    task.cancel()
+            pending = [t for t in (work, stop, progress, *self.in_flight) if t is not None]
+            await asyncio.gather(*pending, return_exceptions=True)
+        if not stopped_early:
+            work.result()  # a bug in the schedule itself should not pass silently
+        records = sorted(self.records, key=lambda r: r.index)
+        summary = summarize(records, end - self.t0, self.slos, stopped_early=stopped_early)
+        if summary.client_lagging:
+            logger.warning(
+                "replayer lagging: send lag p99 %.1f ms > %.0f ms; the client, not only the "
+                "server, shaped this run (lower the rate or run the replayer elsewhere)",
+                summary.send_lag_p99_ms,
+                CLIENT_LAG_WARN_MS,
+            )
+        return ReplayResult.model_construct(records=records, summary=summary)
+
+
+def _warm_up_http_client() -> None:
+    """Import what httpx's transport imports on its first request, before the clock starts.
+
+    httpcore loads its asyncio backend (anyio) lazily: 20-40 ms here, which would otherwise
+    land on the first request's TTFT. Must run inside the event loop.
+    """
+    try:
+        import anyio
+        import httpcore._backends.anyio  # noqa: F401
+    except ImportError:  # another backend; then nothing to warm up
+        return
+    anyio.Event()
+
+
+async def replay(
+    trace: Trace,
+    url: str,
+    *,
+    mode: str | ReplayMode = "timed",
+    speedup: float = 1.0,
+    duration_s: float | None = None,
+    slos: Sequence[SLO] = (),
+    model: str | None = None,
+    benchmark_mode: bool = True,
+    api_token: str | None = None,
+    timeout_s: float = 600,
+    on_progress: ProgressCallback | None = None,
+    prompts: PromptFactory | None = None,
+) -> ReplayResult:
+    """Send `trace` to `url` (`{url}/v1/completions`, streaming) and measure it.
+
+    `on_progress(elapsed_s, summary_so_far)` is called about once a second (in a worker
+    thread, so a slow callback does not delay sends); returning True stops the replay:
+    no new requests, in-flight ones cancelled (recorded with `cancelled=True`), and the
+    result covers what was measured up to then.
+    """
+    replay_mode = ReplayMode.parse(mode)
+    if not speedup > 0:
+        raise WorkloadError(f"replay speedup {speedup!r}: must be > 0")
+    if duration_s is not None and not duration_s > 0:
+        raise WorkloadError(f"replay duration {duration_s!r} s: must be > 0")
+    if not timeout_s > 0:
+        raise WorkloadError(f"replay timeout {timeout_s!r} s: must be > 0")
+    headers = {"Content-Type": "application/json"}
+    if api_token:
+        headers["Authorization"] = f"Bearer {api_token}"
+    # Closed loop: exactly N connections, kept alive. Open loop: never let the pool hold a
+    # request back (that would be unmeasured client-side queueing), so no limit.
+    pool = replay_mode.concurrency
+    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/"),
+        headers=headers,
+        limits=limits,
+        timeout=httpx.Timeout(timeout_s),
+        # A load client talks straight to the server: no proxies from the environment.
+        trust_env=False,
+    ) as client:
+        run = _Replay(
+            trace,
+            client,
+            mode=replay_mode,
+            speedup=speedup,
+            duration_s=duration_s,
+            slos=tuple(slos),
+            model=model,
+            benchmark_mode=benchmark_mode,
+            timeout_s=timeout_s,
+            on_progress=on_progress,
+            prompts=prompts or PromptFactory(),
+        )
+        return await run.run()

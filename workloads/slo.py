@@ -1,0 +1,149 @@
+"""Service-level objectives: `ttft_p95_ms=500` and what it means for a request and for a run.
+
+Two questions, two answers (the same as `vllm bench serve --goodput`):
+
+- Is one *request* good? For every SLO, the request's own value of the metric is <= the
+  threshold. TTFT and E2E latency are single numbers per request; TPOT per request is
+  `(e2e - ttft) / (output_tokens - 1)`; a request has many inter-token gaps, so for an ITL
+  SLO its own gaps are summarised with the SLO's percentile. A failed request is never good.
+- Does a *run* meet an SLO? The run's `percentile` of the metric over all completed
+  requests is <= the threshold.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from workloads.errors import WorkloadError
+
+Metric = Literal["ttft", "tpot", "itl", "e2el"]
+METRICS: tuple[Metric, ...] = ("ttft", "tpot", "itl", "e2el")
+MIN_PERCENTILE = 50.0
+MAX_PERCENTILE = 100.0
+
+_SPEC = re.compile(r"^(?P<metric>[a-z0-9]+)_p(?P<pct>[0-9.]+)_ms=(?P<value>\S+)$")
+_FORM = "expected METRIC_pPCT_ms=MS with METRIC in ttft|tpot|itl|e2el, e.g. ttft_p95_ms=500"
+
+
+class SLO(BaseModel):
+    """One objective: the `percentile` of `metric` must be at most `threshold_ms`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: Metric
+    percentile: float = Field(ge=MIN_PERCENTILE, le=MAX_PERCENTILE)
+    threshold_ms: float = Field(gt=0, allow_inf_nan=False)
+
+    def spec(self) -> str:
+        """The text form, which `parse_slo` reads back: `ttft_p95_ms=500`."""
+        return f"{self.metric}_p{self.percentile:g}_ms={self.threshold_ms:g}"
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+def parse_slo(text: str) -> SLO:
+    """`"ttft_p95_ms=500"` -> SLO(metric="ttft", percentile=95, threshold_ms=500)."""
+    spec = text.strip()
+    match = _SPEC.match(spec)
+    if match is None:
+        raise WorkloadError(f"SLO {text!r}: {_FORM}")
+    metric = match["metric"]
+    if metric not in METRICS:
+        raise WorkloadError(f"SLO {text!r}: unknown metric {metric!r}; {_FORM}")
+    try:
+        percentile = float(match["pct"])
+    except ValueError:
+        raise WorkloadError(f"SLO {text!r}: percentile {match['pct']!r} is not a number; {_FORM}") from None
+    if not MIN_PERCENTILE <= percentile <= MAX_PERCENTILE:
+        raise WorkloadError(
+            f"SLO {text!r}: percentile p{match['pct']} is outside p50..p100; {_FORM}"
+        )
+    try:
+        threshold = float(match["value"])
+    except ValueError:
+        raise WorkloadError(
+            f"SLO {text!r}: threshold {match['value']!r} is not a number of ms; {_FORM}"
+        ) from None
+    if not threshold > 0 or threshold == float("inf"):
+        raise WorkloadError(f"SLO {text!r}: threshold must be a positive number of ms; {_FORM}")
+    return SLO(metric=metric, percentile=percentile, threshold_ms=threshold)
+
+
+def parse_slos(texts: Iterable[str]) -> list[SLO]:
+    """Several specs; the same metric and percentile twice is a mistake worth naming."""
+    slos: list[SLO] = []
+    seen: dict[tuple[str, float], str] = {}
+    for text in texts:
+        slo = parse_slo(text)
+        key = (slo.metric, slo.percentile)
+        if key in seen:
+            raise WorkloadError(f"SLO {text!r} repeats {seen[key]!r}; give each metric and percentile once")
+        seen[key] = text
+        slos.append(slo)
+    return slos
+
+
+class MeasuredRequest(Protocol):
+    """What `request_is_good` reads from a request record (`workloads.replay.RequestRecord`)."""
+
+    error: str | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    itl_ms: list[float]
+    output_tokens: int
+
+
+def request_tpot_ms(record: MeasuredRequest) -> float | None:
+    """Time per output token after the first; None for one-token or unfinished requests."""
+    if record.ttft_ms is None or record.e2e_ms is None or record.output_tokens < 2:
+        return None
+    return (record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1)
+
+
+def request_value_ms(record: MeasuredRequest, slo: SLO) -> float | None:
+    """The request's own value of `slo.metric` (None when the request has none)."""
+    if slo.metric == "ttft":
+        return record.ttft_ms
+    if slo.metric == "e2el":
+        return record.e2e_ms
+    if slo.metric == "tpot":
+        return request_tpot_ms(record)
+    if not record.itl_ms:
+        return None
+    return float(np.percentile(record.itl_ms, slo.percentile))
+
+
+def request_is_good(record: MeasuredRequest, slos: Sequence[SLO]) -> bool:
+    """True when the request succeeded and meets every SLO on its own values.
+
+    A metric a request cannot have (TPOT or ITL of a one-token answer) does not count
+    against it, as in `vllm bench serve`; TTFT and E2E always exist for a success.
+    """
+    if record.error is not None or record.ttft_ms is None:
+        return False
+    for slo in slos:
+        value = request_value_ms(record, slo)
+        if value is None:
+            if slo.metric in ("ttft", "e2el"):
+                return False
+            continue
+        if value > slo.threshold_ms:
+            return False
+    return True
+
+
+def slo_met(values: Sequence[float] | np.ndarray, slo: SLO) -> bool:
+    """True when the `slo.percentile` of `values` (the run's values of its metric) is within.
+
+    No values means nothing was measured, which cannot meet an objective.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    if array.size == 0:
+        return False
+    return bool(np.percentile(array, slo.percentile) <= slo.threshold_ms)
