@@ -76,8 +76,12 @@ class TeardownReport(BaseModel):
     exit_code: int | None  # of the server's main process
     leftover_pids: list[int]  # still alive after SIGKILL (should be empty)
     memory_available_before_mib: float  # just before the server was started
+    memory_held_mib: float  # unique memory (USS) of the server's processes when stopped
+    memory_available_at_stop_mib: float
     memory_available_after_mib: float
-    memory_recovered: bool  # available memory came back to within the tolerance
+    # Available memory came back (within a tolerance) to its pre-start level, or rose by
+    # what the server held. Other programs move available memory too: recorded, not enforced.
+    memory_recovered: bool
 
 
 class RegisteredServer(BaseModel):
@@ -166,13 +170,13 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
 
 
 def headline(tail: Sequence[str]) -> str:
-    """The line of a log tail that best says what went wrong (the last error line)."""
-    for line in reversed(tail):
-        if _PYDANTIC_REASON.search(line):
-            return line.strip()
-    for line in reversed(tail):
-        if _ERROR_LINE.search(line):
-            return line.strip()
+    """The line of a log tail that best says what went wrong (the last error line, or the
+    pydantic "Value error, ..." reason printed right under it)."""
+    for index in range(len(tail) - 1, -1, -1):
+        if _ERROR_LINE.search(tail[index]):
+            following = tail[index + 1 : index + 4]
+            reasons = [line for line in following if _PYDANTIC_REASON.search(line)]
+            return (reasons[0] if reasons else tail[index]).strip()
     for line in reversed(tail):
         if line.strip():
             return line.strip()
@@ -194,6 +198,20 @@ def classify_exit(returncode: int | None, tail: Sequence[str]) -> StartFailureKi
 
 def _memory_available() -> int:
     return psutil.virtual_memory().available
+
+
+def _unique_memory(processes: Sequence[psutil.Process]) -> int:
+    """Bytes the processes hold that their exit frees (USS; RSS where USS is unreadable)."""
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_full_info().uss
+        except psutil.AccessDenied:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def _is_gone(process: psutil.Process) -> bool:
@@ -218,9 +236,12 @@ def _group_members(pgid: int, created_after: float) -> list[psutil.Process]:
     return members
 
 
-def _signal_all(pgid: int, processes: Sequence[psutil.Process], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+def _signal_all(pgid: int | None, processes: Sequence[psutil.Process], sig: signal.Signals) -> None:
+    """Signal the group (pass `pgid` only while a verified member is alive: an empty group's
+    id is a free pid that a stranger may now lead) and each listed process."""
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
     # Children that left the group (setsid) are still ours: signal them one by one.
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
@@ -328,36 +349,37 @@ class ServerProcess:
         *,
         grace_s: float = 20.0,
         kill_wait_s: float = 10.0,
-        memory_wait_s: float = 20.0,
+        memory_wait_s: float = 10.0,
         memory_tolerance_bytes: int | None = None,
     ) -> TeardownReport:
         """SIGTERM the group, SIGKILL what is left after `grace_s`, confirm all gone.
 
         Then wait (at most `memory_wait_s`) until available memory is back within the
-        tolerance of what it was before the start (default: 2% of RAM, at least 256 MiB).
-        Other programs change available memory too, so this is recorded, not enforced.
+        tolerance (default: 2% of RAM, at least 256 MiB) of its level before the start, or
+        has risen by what the server's processes held when stopped.
         """
         started = time.monotonic()
         self.track_children()
         signal_used: Literal["none", "SIGTERM", "SIGKILL"] = "none"
         members = self._members()
+        held = _unique_memory(members)
+        available_at_stop = _memory_available()
         if members:
             signal_used = "SIGTERM"
-            _signal_all(self.pgid, members, signal.SIGTERM)
+            _signal_all(self._live_pgid(), members, signal.SIGTERM)
             members = self._wait_gone(grace_s)
         if members:
             signal_used = "SIGKILL"
-            _signal_all(self.pgid, members, signal.SIGKILL)
+            _signal_all(self._live_pgid(), members, signal.SIGKILL)
             self._wait_gone(kill_wait_s)
         leftovers = sorted(p.pid for p in self._members())
 
         if memory_tolerance_bytes is None:
             memory_tolerance_bytes = max(256 * 2**20, psutil.virtual_memory().total // 50)
+        target = min(self.memory_before, available_at_stop + held) - memory_tolerance_bytes
         memory_deadline = time.monotonic() + memory_wait_s
         available = _memory_available()
-        while available < self.memory_before - memory_tolerance_bytes:
-            if time.monotonic() >= memory_deadline:
-                break
+        while available < target and time.monotonic() < memory_deadline:
             time.sleep(0.25)
             available = _memory_available()
 
@@ -369,9 +391,17 @@ class ServerProcess:
             exit_code=self.popen.returncode,
             leftover_pids=leftovers,
             memory_available_before_mib=self.memory_before / 2**20,
+            memory_held_mib=held / 2**20,
+            memory_available_at_stop_mib=available_at_stop / 2**20,
             memory_available_after_mib=available / 2**20,
-            memory_recovered=available >= self.memory_before - memory_tolerance_bytes,
+            memory_recovered=available >= target,
         )
+
+    def _live_pgid(self) -> int | None:
+        """Our group id while the group verifiably still exists, else None."""
+        if self.popen.poll() is None or _group_members(self.pgid, self.create_time):
+            return self.pgid
+        return None
 
     def _wait_gone(self, timeout_s: float) -> list[psutil.Process]:
         """Poll until none of our processes is alive; return those still alive at timeout."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,14 +81,14 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
     rows = []
     for trial in trials:
         params = trial.user_attrs.get("engine_params", {})
-        overrides = trial.user_attrs.get("overrides", {})
+        explicit = trial.user_attrs.get("explicit", [])
         label = trial_label(trial.number) + (" (baseline)" if is_baseline(trial) else "")
         cells = [label]
         for name in names:
             value = _fmt(params.get(name))
             # Values the baseline did not set are vLLM's defaults: marked so nobody reads them
             # as tuned.
-            cells.append(value if name in overrides or not is_baseline(trial) else f"{value}*")
+            cells.append(value if name in explicit or value == "-" else f"{value}*")
         if trial.state == TrialState.COMPLETE:
             score = _fmt(trial.user_attrs.get("score"))
             slo = "met" if trial.user_attrs.get("slo_met") else "missed"
@@ -175,7 +176,7 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     lines += ["", "## Trials", ""]
     header, rows = trial_rows(study, objective)
     lines += _table(header, rows)
-    lines += ["", "`*` = not set by the baseline: vLLM's default, as resolved before the run."]
+    lines += ["", "`*` = not set by the config: vLLM's default, as resolved before the run."]
 
     trials = study.get_trials(deepcopy=False)
     search_server_s = sum(float(t.user_attrs.get("server_s") or 0.0) for t in trials)
@@ -315,7 +316,7 @@ def write_plots(output_dir: Path, inputs: ReportInputs) -> list[tuple[str, str]]
         fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * len(importances)))
         names = list(importances)[::-1]
         ax.barh(names, [importances[n] for n in names])
-        ax.set_xlabel("importance (fANOVA)")
+        ax.set_xlabel("importance (PED-ANOVA, for a high objective)")
         save(fig, "importances.png", "Parameter importances")
 
     if objective.kind == "pareto" and trials:
@@ -370,9 +371,15 @@ def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, fl
         return {}
     try:
         # Importances need one shared parameter set; the baseline may lack some.
-        return optuna.importance.get_param_importances(
-            study, params=sorted(varied), target=lambda t: float(t.user_attrs.get("score", 0.0))
-        )
+        # Optuna's default evaluator (PED-ANOVA; fANOVA would need scikit-learn) scores what
+        # it takes to reach *low* targets, so the maximised score is negated.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "computes ... low target values": we know
+            return optuna.importance.get_param_importances(
+                study,
+                params=sorted(varied),
+                target=lambda t: -float(t.user_attrs.get("score", 0.0)),
+            )
     except (RuntimeError, ValueError):
         return {}
 

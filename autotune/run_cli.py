@@ -31,14 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "file) and RESULTS/report.md. The baseline is kept unless a config beats it beyond "
             "the measured noise while meeting every SLO in every repeat."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
     add("--workload", required=True, metavar="TRACE.jsonl", help="the traffic trace to tune on")
     add("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
-        help="trials in the search, the baseline included (with --resume: the study's total)")
+        help="trials in the search, the baseline included (with --resume: the study's total) (default: %(default)s)")
     add("--time-budget", default=None, metavar="DURATION",
-        help="stop starting search trials after this long, e.g. 900, 30m, 1.5h (the gate runs after)")
+        help="stop starting search trials after this long, e.g. 900, 30m, 1.5h; the gate runs after "
+             "(default: no limit, --trials decides)")
     add("--study-name", default=None,
         help="Optuna study name (default: the workload's file name and today's date)")
     add("--output-dir", type=Path, default=None, metavar="DIR",
@@ -50,8 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--model", default=None, metavar="PATH",
         help="model to serve (default: the embedded tiny model, dummy weights)")
     add("--load-format", default=None,
-        help="vLLM load format, e.g. dummy for random weights of the real shape")
-    add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len")
+        help="vLLM load format, e.g. dummy for random weights of the real shape "
+             "(default: vLLM's auto; dummy for the embedded model)")
+    add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len (default: the model's; 2048 for the embedded model)")
     add("--baseline", type=Path, default=None, metavar="FILE.yaml",
         help="the config you run today (a server/vllm serve config); default: vLLM's defaults")
     add("--space", type=Path, default=None, metavar="FILE.yaml",
@@ -61,22 +62,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "ttft_p95_ms=1000 and tpot_p95_ms=100; on GPU: ttft_p95_ms=500 and tpot_p95_ms=50)")
     add("--objective", default="goodput",
         help="goodput (req/s meeting every SLO), throughput, or pareto[:METRIC_pPCT] "
-             "(throughput vs a latency percentile)")
-    add("--seed", type=int, default=0, help="sampler seed")
+             "(throughput vs a latency percentile) (default: %(default)s)")
+    add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
-        help="seconds of trace replayed per search trial")
+        help="seconds of trace replayed per search trial (default: %(default)s)")
     add("--holdout-window", type=float, default=DEFAULT_HOLDOUT_S, metavar="S",
-        help="seconds of (disjoint) trace replayed per validation run")
+        help="seconds of (disjoint) trace replayed per validation run (default: %(default)s)")
     add("--speedup", type=float, default=1.0,
-        help="replay arrivals this many times faster than recorded (timed mode)")
+        help="replay arrivals this many times faster than recorded (timed mode) (default: %(default)s)")
     add("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
-        help="configs from the search re-run in validation")
+        help="configs from the search re-run in validation (default: %(default)s)")
     add("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R",
-        help="validation repeats per config (interleaved)")
+        help="validation repeats per config (interleaved) (default: %(default)s)")
     add("--mode", default="timed", metavar="timed|concurrency=N",
-        help="replay at recorded arrival times, or closed loop with N requests in flight")
+        help="replay at recorded arrival times, or closed loop with N requests in flight (default: %(default)s)")
     add("--startup-timeout", type=float, default=300.0, metavar="S",
-        help="seconds a server may take to become ready before the trial fails")
+        help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
     parser.set_defaults(func=run_command)
 
 
@@ -99,7 +100,9 @@ def run_command(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         stale_registry=output_dir / "servers.json",
     )
-    return execute(plan, runner=runner, reap=reap_stale_servers, argv=sys.argv)
+    # The command as a user would retype it, whatever entry point ran it.
+    argv = ["autotune", *sys.argv[1:]]
+    return execute(plan, runner=runner, reap=reap_stale_servers, argv=argv)
 
 
 def plan_study(

@@ -351,6 +351,7 @@ class TuningStudy:
         context = {**self.effective_defaults, **self._explicit(config)}
         trial.set_user_attr("engine_params", {k: context.get(k) for k in self.space.params})
         trial.set_user_attr("overrides", params)
+        trial.set_user_attr("explicit", sorted(k for k in self._explicit(config) if k in self.space.params))
         trial.set_user_attr("trial_dir", str(trial_dir))
         broken = [] if baseline else self.space.broken_relations(context)
         if broken:
@@ -440,7 +441,7 @@ class TuningStudy:
         trials = study.get_trials(deepcopy=False)
         done = sum(counts_toward_budget(t) for t in trials)
         elapsed = self.clock() - start
-        best = self.best_trials(study, 1)
+        best = self.best_trials(study, 1, include_baseline=True)
         unit = self.objective.unit
         best_text = (
             f"{best[0].user_attrs['score']:.3g} {unit} {self.objective.label} ({trial_label(best[0].number)})"
@@ -475,10 +476,14 @@ class TuningStudy:
     def feasible(trial: FrozenTrial) -> bool:
         return trial.state == TrialState.COMPLETE and all(v <= 0 for v in trial.constraints.values())
 
-    def best_trials(self, study: optuna.Study, k: int) -> list[FrozenTrial]:
-        """The top `k` feasible non-baseline trials by objective score, one per distinct config."""
+    def best_trials(
+        self, study: optuna.Study, k: int, *, include_baseline: bool = False
+    ) -> list[FrozenTrial]:
+        """The top `k` feasible trials by objective score, one per distinct config."""
         candidates = [
-            t for t in study.get_trials(deepcopy=False) if self.feasible(t) and not is_baseline(t)
+            t
+            for t in study.get_trials(deepcopy=False)
+            if self.feasible(t) and (include_baseline or not is_baseline(t))
         ]
         if self.objective.kind == "pareto":
             # Only Pareto-optimal configs go to the gate; ranked there by throughput.
@@ -518,7 +523,9 @@ class TuningStudy:
         server_s = 0.0
         if not top:
             self.say("gate: no feasible candidate from the search; keeping the baseline")
-            decision = decide([_baseline_placeholder(study, self)])
+            decision = decide([_baseline_placeholder(study, self)]).model_copy(
+                update={"reason": "no searched config ran and met every SLO, so none was validated"}
+            )
             return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
         order = round_robin(list(candidates), options.repeats)
         record = options.output_dir / "validation" / "measurements.json"

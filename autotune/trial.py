@@ -313,10 +313,11 @@ class TrialRunner:
                 output_length=WARMUP_OUTPUT_TOKENS,
             )
         ] * self.warmup_requests
+        # All at once, closed loop: a burst in timed mode would trip the replayer's lag warning.
         result = await replay(
             Trace.from_requests(requests, source="warm-up"),
             server.url,
-            mode="timed",
+            mode=f"concurrency={self.warmup_requests}",
             benchmark_mode=True,
             timeout_s=self.request_timeout_s,
         )

@@ -9,6 +9,10 @@ request completed. Arrivals are Poisson (seeded), like `vllm bench serve`'s defa
         [--rates 100,200,...] [--step-seconds 6] [--out results/benchmarks/replayer_rate.json]
 
 Writes the per-step figures and the sustained rate per event loop to --out (atomically).
+
+It also records why the replayer uses aiohttp rather than httpx: the client CPU time per
+streamed request of each library at 16 and 256 requests in flight (closed loop, same server,
+`--skip-client-cost` leaves this out).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import aiohttp
+import httpx
 import numpy as np
 
 from workloads.replay import replay
@@ -98,25 +104,109 @@ def run_step(url: str, trace: Trace, loop: str) -> dict:
 
 
 def sweep(url: str, args: argparse.Namespace, loop: str) -> dict:
+    """Step the rate up until the replayer fails the loosest lag bound.
+
+    `sustained[bound]` is the highest rate at which this and every lower step kept send-lag
+    p99 under `bound` with no failed request.
+    """
+    bounds = sorted(args.lag_bounds_ms)
+    sustained: dict[float, float | None] = {bound: None for bound in bounds}
+    holding = set(bounds)
     steps = []
-    sustained = None
     for rate in (float(r) for r in args.rates.split(",")):
         trace = poisson_trace(rate, args.step_seconds, args.input_tokens, args.output_tokens, args.seed)
-        step = {"rate": rate, **run_step(url, trace, loop)}
-        ok = step["failed"] == 0 and step["send_lag_p99_ms"] < args.lag_bound_ms
-        step["ok"] = ok
-        steps.append(step)
-        print(
-            f"[{loop}] {rate:6.0f} req/s: lag p50 {step['send_lag_p50_ms']:.2f} "
-            f"p99 {step['send_lag_p99_ms']:.2f} max {step['send_lag_max_ms']:.2f} ms, "
-            f"failed {step['failed']}, client CPU {step['client_cpu_fraction']:.0%} "
-            f"-> {'ok' if ok else 'over'}",
-            flush=True,
-        )
-        if not ok:
+        best = None
+        # A step over the tightest bound gets one more try: other processes on a small
+        # machine can stall this one for a moment; a rate it cannot sustain fails both.
+        for attempt in (1, 2):
+            load = os.getloadavg()[0]
+            step = {"rate": rate, "attempt": attempt, "load_1min": load, **run_step(url, trace, loop)}
+            steps.append(step)
+            print(
+                f"[{loop}] {rate:6.0f} req/s (try {attempt}, load {load:.1f}): "
+                f"lag p50 {step['send_lag_p50_ms']:.2f} p99 {step['send_lag_p99_ms']:.2f} "
+                f"max {step['send_lag_max_ms']:.2f} ms, failed {step['failed']}, "
+                f"client CPU {step['client_cpu_fraction']:.0%}",
+                flush=True,
+            )
+            if step["failed"] == 0 and (
+                best is None or step["send_lag_p99_ms"] < best["send_lag_p99_ms"]
+            ):
+                best = step
+            if best is not None and best["send_lag_p99_ms"] < bounds[0]:
+                break
+        for bound in bounds:
+            if bound in holding and best is not None and best["send_lag_p99_ms"] < bound:
+                sustained[bound] = rate
+            else:
+                holding.discard(bound)
+        if not holding:
             break
-        sustained = rate
-    return {"sustained_rate": sustained, "steps": steps}
+    return {
+        "sustained_rate": {f"lag_p99_under_{bound:g}ms": rate for bound, rate in sustained.items()},
+        "steps": steps,
+    }
+
+
+async def _client_cost(url: str, library: str, in_flight: int, requests: int, tokens: int) -> dict:
+    """Client CPU per streamed request with `in_flight` requests open at once (closed loop)."""
+    body = json.dumps(
+        {"prompt": list(range(100, 228)), "max_tokens": tokens, "stream": True}
+    ).encode()
+    headers = {"Content-Type": "application/json"}
+    endpoint = f"{url}/v1/completions"
+    if library == "httpx":
+        limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+        client = httpx.AsyncClient(limits=limits, trust_env=False, timeout=60)
+
+        async def one() -> None:
+            async with client.stream("POST", endpoint, content=body, headers=headers) as response:
+                async for _line in response.aiter_lines():
+                    pass
+    else:
+        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=in_flight))
+
+        async def one() -> None:
+            async with client.post(endpoint, data=body, headers=headers) as response:
+                async for _line in response.content:
+                    pass
+
+    async with client:
+        await one()  # imports and the first connection, outside the measurement
+        gate = asyncio.Semaphore(in_flight)
+
+        async def gated() -> None:
+            async with gate:
+                await one()
+
+        cpu, wall = time.process_time(), time.monotonic()
+        await asyncio.gather(*(gated() for _ in range(requests)))
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    return {
+        "library": library,
+        "in_flight": in_flight,
+        "tokens_per_request": tokens,
+        "requests": requests,
+        "client_cpu_ms_per_request": cpu / requests * 1e3,
+        "requests_per_s": requests / wall,
+    }
+
+
+def client_cost(base: str) -> list[dict]:
+    rows = []
+    # 100 ms answers, so `in_flight` requests really are open at once.
+    url = f"{base}/ttft=100,itl=0"
+    for in_flight in (16, 256):
+        for library in ("httpx", "aiohttp"):
+            row = asyncio.run(_client_cost(url, library, in_flight, 1500, 4))
+            rows.append(row)
+            print(
+                f"[client cost] {library:7s} {in_flight:3d} in flight: "
+                f"{row['client_cpu_ms_per_request']:.2f} ms CPU/request, "
+                f"{row['requests_per_s']:.0f} req/s",
+                flush=True,
+            )
+    return rows
 
 
 def write_json(path: Path, payload: dict) -> None:
@@ -133,38 +223,48 @@ def main() -> None:
     parser.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both")
     parser.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated req/s steps")
     parser.add_argument("--step-seconds", type=float, default=6.0)
-    parser.add_argument("--lag-bound-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--lag-bounds-ms",
+        type=lambda text: [float(v) for v in text.split(",")],
+        default=[2.0, 10.0],
+        help="send-lag p99 bounds to report a sustained rate for (10 ms: `client_lagging`)",
+    )
     parser.add_argument("--input-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--itl-ms", type=float, default=5.0, help="server gap between tokens")
     parser.add_argument("--ttft-ms", type=float, default=10.0, help="server delay to first token")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-client-cost", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / "replayer_rate.json")
     args = parser.parse_args()
     loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
     results = {}
+    load_before = os.getloadavg()
     with echo_server() as base:
         url = f"{base}/ttft={args.ttft_ms:g},itl={args.itl_ms:g}"
         for loop in loops:
             results[loop] = sweep(url, args, loop)
+        costs = [] if args.skip_client_cost else client_cost(base)
     payload = {
         "what": "highest Poisson request rate one replayer process sends with send-lag p99 "
-        f"< {args.lag_bound_ms:g} ms and no failures, against a trivial local server in "
-        "another process",
+        "under each bound and no failures, against a trivial local server in another process",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
-            "load_average_at_end": os.getloadavg(),
+            # Other work on the machine shapes these figures: 1-min load before and after.
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
         },
         "settings": {
             key: getattr(args, key)
-            for key in ("step_seconds", "lag_bound_ms", "input_tokens", "output_tokens",
+            for key in ("step_seconds", "lag_bounds_ms", "input_tokens", "output_tokens",
                         "itl_ms", "ttft_ms", "seed", "rates")
         },
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "loops": results,
+        "client_cost": costs,
     }
     write_json(args.out, payload)
     for loop, result in results.items():

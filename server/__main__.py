@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # vLLM raises ValueError, TypeError, pydantic errors ...
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         where = args.config or "<default config>"
-        print(f"{PROG}: error: {where}: vLLM rejected the engine settings: {first}", file=sys.stderr)
+        print(
+            f"{PROG}: error: {where}: vLLM rejected the engine settings: {first}", file=sys.stderr
+        )
         return 2
 
     import uvicorn

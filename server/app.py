@@ -209,7 +209,9 @@ class Handlers:
                 "translate text; use /v1/completions with token ids",
                 field="text",
             )
-        prompt_ids = engine.encode(translation_prompt(body.text, body.source_lang, body.target_lang))
+        prompt_ids = engine.encode(
+            translation_prompt(body.text, body.source_lang, body.target_lang)
+        )
         text_tokens = len(engine.encode(body.text))
         room = engine.settings.max_model_len - len(prompt_ids)
         if room < 1:
@@ -471,7 +473,9 @@ def install_error_handlers(app: FastAPI) -> None:
         first = error.errors()[0] if error.errors() else {"msg": "invalid request", "loc": ()}
         if first.get("type") == "json_invalid":
             detail = (first.get("ctx") or {}).get("error", "")
-            return JSONResponse(error_body(f"the body is not valid JSON: {detail}".rstrip(": ")), 400)
+            return JSONResponse(
+                error_body(f"the body is not valid JSON: {detail}".rstrip(": ")), 400
+            )
         # pydantic adds the union member it tried ("str", "list[int]") to the location
         location = [
             str(part)
@@ -524,7 +528,9 @@ def create_app(
             engine = await asyncio.to_thread(Engine.start, config, vllm_config)
             await engine.finish_start()
         except Exception as error:  # any start failure: report it in one line and stop
-            holder.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            holder.error = (
+                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            )
             logger.error("engine start failed: %s", holder.error)
             if on_fatal is not None:
                 on_fatal(holder.error)

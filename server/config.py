@@ -269,6 +269,7 @@ class ServerConfig(BaseModel):
                     engine[key] = rest
             else:
                 engine[key] = value
+        engine = resolve_negated_flags(engine, path=path, lines=lines)
         engine = check_engine_settings(engine, path=path, lines=lines)
 
         section = f"{ours_key}.{OUR_SECTION}"
@@ -284,10 +285,14 @@ class ServerConfig(BaseModel):
                 "unknown key (expected 'serving' or 'provenance')",
                 line=line,
             )
-        serving = validated(ServingSettings, ours.get("serving") or {}, path, f"{section}.serving", line)
+        serving = validated(
+            ServingSettings, ours.get("serving") or {}, path, f"{section}.serving", line
+        )
         provenance = ours.get("provenance")
         if provenance is not None and not isinstance(provenance, dict):
-            raise ConfigError(path, f"{section}.provenance", provenance, "expected a mapping", line=line)
+            raise ConfigError(
+                path, f"{section}.provenance", provenance, "expected a mapping", line=line
+            )
         fields = {"engine": engine, "serving": serving, "provenance": provenance}
         for name, value in server.items():
             fields[name] = value
@@ -310,6 +315,11 @@ class ServerConfig(BaseModel):
             # a null means "vLLM's default", which leaving the key out gives too.
             if value is None or name == ADDITIONAL_CONFIG:
                 continue
+            if value is False and negatable(name):
+                # vLLM's loader drops `key: false` unless the top-level parser knows
+                # `--no-key`, which under `vllm serve` it does not; `no-key: true` works.
+                data[f"no-{kebab(name)}"] = True
+                continue
             data[kebab(name)] = value
         data["host"] = self.host
         data["port"] = self.port
@@ -327,7 +337,9 @@ class ServerConfig(BaseModel):
         """Writes the YAML file atomically; `header` (or the provenance) as a comment on top."""
         path = Path(path)
         if header is None and self.provenance:
-            header = "\n".join(f"{key}: {json.dumps(value)}" for key, value in self.provenance.items())
+            header = "\n".join(
+                f"{key}: {json.dumps(value)}" for key, value in self.provenance.items()
+            )
         lines = [f"# {line}".rstrip() for line in (header or "").splitlines()]
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, allow_unicode=True)
         text = "\n".join(lines + [body]) if lines else body
@@ -352,6 +364,41 @@ class ServerConfig(BaseModel):
         else:
             engine.pop(ADDITIONAL_CONFIG, None)
         return AsyncEngineArgs(**engine)
+
+
+def negatable(name: str) -> bool:
+    """A boolean engine argument whose default is not False (so `false` must be spelled out)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    fields = {field.name: field for field in dataclasses.fields(AsyncEngineArgs)}
+    field = fields.get(name)
+    if field is None or field.default is False:
+        return False
+    return annotation(AsyncEngineArgs, field) in (bool, bool | None)
+
+
+def resolve_negated_flags(
+    engine: Mapping[str, Any],
+    *,
+    path: str | os.PathLike[str],
+    lines: Mapping[str, int],
+) -> dict[str, Any]:
+    """Reads `no-enable-prefix-caching: true` (vLLM's `--no-...` flags) as `enable_prefix_caching: false`."""
+    resolved: dict[str, Any] = {}
+    for key, value in engine.items():
+        name = snake(key) if isinstance(key, str) else key
+        flag = name[3:] if isinstance(name, str) and name.startswith("no_") else None
+        if flag is None or not negatable(flag):
+            resolved[key] = value
+            continue
+        if not isinstance(value, bool):
+            raise ConfigError(path, key, value, "expected true or false", line=lines.get(key))
+        if any(snake(other) == flag for other in engine if isinstance(other, str)):
+            raise ConfigError(
+                path, key, value, f"contradicts '{kebab(flag)}' given too", line=lines.get(key)
+            )
+        resolved[flag] = not value
+    return resolved
 
 
 def validated(

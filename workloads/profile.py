@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -233,23 +232,25 @@ def concurrency_levels(trace: Trace) -> tuple[np.ndarray, np.ndarray] | None:
     known = ~np.isnan(trace.latencies_ms)
     if not known.any():
         return None
-    starts = trace.timestamps_ms[known]
-    ends = starts + trace.latencies_ms[known]
-    times = np.concatenate([starts, ends])
-    # At equal times ends sort before starts, so back-to-back requests do not overlap.
-    deltas = np.concatenate([np.ones(len(starts)), -np.ones(len(ends))])
-    order = np.lexsort((deltas, times))
+    starts = trace.timestamps_ms[known]  # already sorted
+    ends = np.sort(starts + trace.latencies_ms[known])
+    # Ends first, then a stable sort (two sorted runs: a cheap merge): at equal times an
+    # end comes before a start, so back-to-back requests do not count as overlapping.
+    times = np.concatenate([ends, starts])
+    deltas = np.concatenate(
+        [-np.ones(len(ends), dtype=np.int64), np.ones(len(starts), dtype=np.int64)]
+    )
+    order = np.argsort(times, kind="stable")
     times, deltas = times[order], deltas[order]
-    levels = np.cumsum(deltas)[:-1].astype(np.int64)
+    levels = np.cumsum(deltas)[:-1]
     spans_s = np.diff(times) / 1000.0
     return levels, spans_s
 
 
-def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    target = q / 100.0 * cumulative[-1]
-    return float(values[order][min(np.searchsorted(cumulative, target), len(values) - 1)])
+def _level_percentile(seconds_at_level: np.ndarray, q: float) -> int:
+    """The level below which `q` percent of the time is spent."""
+    cumulative = np.cumsum(seconds_at_level)
+    return int(min(np.searchsorted(cumulative, q / 100.0 * cumulative[-1]), len(cumulative) - 1))
 
 
 def _concurrency(trace: Trace) -> Concurrency | None:
@@ -260,11 +261,13 @@ def _concurrency(trace: Trace) -> Concurrency | None:
     n_known = int((~np.isnan(trace.latencies_ms)).sum())  # type: ignore[arg-type]
     if spans.sum() <= 0:
         return Concurrency(mean=0.0, p50=0, p90=0, p99=0, max=1, requests_with_latency=n_known)
+    # Levels are small non-negative integers: time spent at each level, by bincount.
+    seconds_at_level = np.bincount(levels, weights=spans)
     return Concurrency(
         mean=float(np.average(levels, weights=spans)),
-        p50=_weighted_percentile(levels, spans, 50),
-        p90=_weighted_percentile(levels, spans, 90),
-        p99=_weighted_percentile(levels, spans, 99),
+        p50=_level_percentile(seconds_at_level, 50),
+        p90=_level_percentile(seconds_at_level, 90),
+        p99=_level_percentile(seconds_at_level, 99),
         max=int(levels.max()),
         requests_with_latency=n_known,
     )
@@ -276,21 +279,27 @@ def _languages(trace: Trace) -> list[LanguagePair] | None:
     n = len(trace)
     sources = trace.source_langs or [None] * n
     targets = trace.target_langs or [None] * n
-    pairs = list(zip(sources, targets, strict=True))
-    counts = Counter(pairs)
-    index = {pair: i for i, pair in enumerate(counts)}
-    codes = np.fromiter((index[p] for p in pairs), dtype=np.int64, count=n)
+    # Integer codes per language (via C-level map), then one bincount per statistic.
+    source_names = list(dict.fromkeys(sources))
+    target_names = list(dict.fromkeys(targets))
+    source_code = {name: i for i, name in enumerate(source_names)}
+    target_code = {name: i for i, name in enumerate(target_names)}
+    codes = np.fromiter(map(source_code.__getitem__, sources), dtype=np.int64, count=n) * len(
+        target_names
+    ) + np.fromiter(map(target_code.__getitem__, targets), dtype=np.int64, count=n)
+    size = len(source_names) * len(target_names)
+    counts = np.bincount(codes, minlength=size)
     ratio = trace.output_lengths / trace.input_lengths
-    ratio_sums = np.bincount(codes, weights=ratio, minlength=len(index))
+    ratio_sums = np.bincount(codes, weights=ratio, minlength=size)
     result = [
         LanguagePair(
-            source_lang=pair[0],
-            target_lang=pair[1],
-            requests=count,
-            share=count / n,
-            output_input_ratio=float(ratio_sums[index[pair]] / count),
+            source_lang=source_names[code // len(target_names)],
+            target_lang=target_names[code % len(target_names)],
+            requests=int(counts[code]),
+            share=float(counts[code] / n),
+            output_input_ratio=float(ratio_sums[code] / counts[code]),
         )
-        for pair, count in counts.items()
+        for code in np.flatnonzero(counts).tolist()
     ]
     # Most common first; ties by name so the order (and the fingerprint) is stable.
     result.sort(key=lambda p: (-p.requests, p.source_lang or "", p.target_lang or ""))

@@ -29,9 +29,15 @@ Timing rules (the same as `vllm bench serve` unless said otherwise):
 - Output tokens: `usage.completion_tokens` when the server sends usage, else the tokens
   counted from chunks.
 
-The event loop is asyncio's default one: `benchmarks/replayer_rate.py` measured uvloop
-against it (see `results/benchmarks/replayer_rate.json`), and the default loop is kept
-because uvloop did not raise the sustainable rate enough to justify a dependency.
+HTTP client: one pooled `aiohttp.ClientSession` (HTTP/1.1 keep-alive; closed loop: N
+connections; timed: unbounded, so the pool never queues a request unseen). httpx was the
+first choice and was measured against aiohttp by `benchmarks/replayer_rate.py`: its
+connection pool costs CPU per request that grows with the connections it holds (6 ms per
+request at 256 in flight against 0.24 ms for aiohttp), so under overload, exactly the
+trials that matter, the client would become the bottleneck.
+
+Event loop: asyncio's default. uvloop was measured against it by the same benchmark (see
+`results/benchmarks/replayer_rate.json`) and is not used: see the figures there.
 """
 
 from __future__ import annotations
@@ -42,12 +48,13 @@ import logging
 import os
 import tempfile
 import time
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import httpx
+import aiohttp
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
@@ -199,61 +206,119 @@ def _stats(values: np.ndarray, name: str) -> dict[str, float | None]:
     }
 
 
+@dataclass(slots=True)
+class _Tally:
+    """A run's values, appended as requests finish, ready to summarise at any moment.
+
+    Columns are flat `array('d')`s: adding a record is cheap, and a copy for a progress
+    summary is one memcpy, so the event loop that times sends never walks all records.
+    """
+
+    slos: tuple[SLO, ...]
+    ttft: array = field(default_factory=lambda: array("d"))
+    tpot: array = field(default_factory=lambda: array("d"))
+    itl: array = field(default_factory=lambda: array("d"))
+    e2el: array = field(default_factory=lambda: array("d"))
+    lag: array = field(default_factory=lambda: array("d"))
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    good: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, record: RequestRecord) -> None:
+        self.lag.append(record.lag_ms)
+        if record.cancelled:
+            self.cancelled += 1
+            return
+        if record.error is not None:
+            self.failed += 1
+            return
+        self.completed += 1
+        self.input_tokens += record.input_tokens
+        self.output_tokens += record.output_tokens
+        if record.ttft_ms is not None:
+            self.ttft.append(record.ttft_ms)
+        if record.e2e_ms is not None:
+            self.e2el.append(record.e2e_ms)
+        tpot = request_tpot_ms(record)
+        if tpot is not None:
+            self.tpot.append(tpot)
+        self.itl.extend(record.itl_ms)
+        if self.slos and request_is_good(record, self.slos):
+            self.good += 1
+
+    def copy(self) -> _Tally:
+        # One memcpy per column, on the loop: 0.04 ms for 100k token gaps, ~20 ms for 2M
+        # (measured here); the percentiles themselves run in the progress thread.
+        return _Tally(
+            self.slos,
+            self.ttft[:],
+            self.tpot[:],
+            self.itl[:],
+            self.e2el[:],
+            self.lag[:],
+            self.completed,
+            self.failed,
+            self.cancelled,
+            self.good,
+            self.input_tokens,
+            self.output_tokens,
+        )
+
+    def summary(self, duration_s: float, *, stopped_early: bool = False) -> ReplaySummary:
+        duration = max(duration_s, 1e-9)
+        metrics = {
+            name: np.frombuffer(getattr(self, name), dtype=np.float64)
+            for name in ("ttft", "tpot", "itl", "e2el")
+        }
+        values: dict[str, object] = {}
+        for name, column in metrics.items():
+            values.update(_stats(column, name))
+        lags = np.frombuffer(self.lag, dtype=np.float64)
+        lag_p50 = lag_p99 = lag_max = None
+        if lags.size:
+            lag_p50, lag_p99 = (float(v) for v in np.percentile(lags, [50, 99]))
+            lag_max = float(lags.max())
+        total = self.input_tokens + self.output_tokens
+        return ReplaySummary(
+            duration=duration_s,
+            completed=self.completed,
+            failed=self.failed,
+            cancelled=self.cancelled,
+            total_input_tokens=self.input_tokens,
+            total_output_tokens=self.output_tokens,
+            request_throughput=self.completed / duration,
+            output_throughput=self.output_tokens / duration,
+            total_token_throughput=total / duration,
+            request_goodput=self.good / duration if self.slos else None,
+            send_lag_p50_ms=lag_p50,
+            send_lag_p99_ms=lag_p99,
+            send_lag_max_ms=lag_max,
+            client_lagging=lag_p99 is not None and lag_p99 > CLIENT_LAG_WARN_MS,
+            slo_met={slo.spec(): slo_met(metrics[slo.metric], slo) for slo in self.slos},
+            stopped_early=stopped_early,
+            **values,
+        )
+
+
 def summarize(
-    records: Sequence[RequestRecord],
+    records: Iterable[RequestRecord],
     duration_s: float,
     slos: Sequence[SLO] = (),
     *,
     stopped_early: bool = False,
 ) -> ReplaySummary:
-    """Aggregate records over a run that lasted `duration_s` seconds."""
-    done = [r for r in records if r.error is None and not r.cancelled]
-    failed = sum(1 for r in records if r.error is not None and not r.cancelled)
-    cancelled = sum(1 for r in records if r.cancelled)
-    duration = max(duration_s, 1e-9)
-    total_in = sum(r.input_tokens for r in done)
-    total_out = sum(r.output_tokens for r in done)
-    metrics = {
-        "ttft": np.array([r.ttft_ms for r in done if r.ttft_ms is not None], dtype=np.float64),
-        "tpot": np.array(
-            [t for t in (request_tpot_ms(r) for r in done) if t is not None], dtype=np.float64
-        ),
-        "itl": np.fromiter(
-            (gap for r in done for gap in r.itl_ms), dtype=np.float64
-        ),
-        "e2el": np.array([r.e2e_ms for r in done if r.e2e_ms is not None], dtype=np.float64),
-    }
-    values: dict[str, object] = {}
-    for name, array in metrics.items():
-        values.update(_stats(array, name))
-    lags = np.array([r.lag_ms for r in records], dtype=np.float64)
-    lag_p50 = lag_p99 = lag_max = None
-    if lags.size:
-        lag_p50, lag_p99 = (float(v) for v in np.percentile(lags, [50, 99]))
-        lag_max = float(lags.max())
-    goodput = None
-    if slos:
-        good = sum(1 for r in done if request_is_good(r, slos))
-        goodput = good / duration
-    return ReplaySummary(
-        duration=duration_s,
-        completed=len(done),
-        failed=failed,
-        cancelled=cancelled,
-        total_input_tokens=total_in,
-        total_output_tokens=total_out,
-        request_throughput=len(done) / duration,
-        output_throughput=total_out / duration,
-        total_token_throughput=(total_in + total_out) / duration,
-        request_goodput=goodput,
-        send_lag_p50_ms=lag_p50,
-        send_lag_p99_ms=lag_p99,
-        send_lag_max_ms=lag_max,
-        client_lagging=lag_p99 is not None and lag_p99 > CLIENT_LAG_WARN_MS,
-        slo_met={slo.spec(): slo_met(metrics[slo.metric], slo) for slo in slos},
-        stopped_early=stopped_early,
-        **values,
-    )
+    """Aggregate records over a run that lasted `duration_s` seconds.
+
+    Completed requests give the latency figures and goodput; failed ones only count;
+    cancelled ones (in flight when the run was stopped) are neither; send lag covers all.
+    """
+    tally = _Tally(tuple(slos))
+    for record in records:
+        tally.add(record)
+    return tally.summary(duration_s, stopped_early=stopped_early)
 
 
 @dataclass(slots=True)
@@ -271,8 +336,10 @@ class _Stream:
     error: str | None = None
 
     def add_chunk(self, now: float, chunk: dict) -> None:
-        if "error" in chunk and not chunk.get("choices"):
-            self.error = f"server error in stream: {_one_line(json.dumps(chunk['error']))}"
+        # vLLM reports a failure after the headers as an error event: {"error": {...}} in
+        # recent versions, {"object": "error", "message": ...} in older ones.
+        if ("error" in chunk or chunk.get("object") == "error") and not chunk.get("choices"):
+            self.error = f"server error in stream: {_one_line(json.dumps(chunk))}"
             return
         choices = chunk.get("choices") or ()
         if choices:
@@ -307,7 +374,8 @@ class _Replay:
     def __init__(
         self,
         trace: Trace,
-        client: httpx.AsyncClient,
+        session: aiohttp.ClientSession,
+        endpoint: str,
         *,
         mode: ReplayMode,
         speedup: float,
@@ -320,7 +388,8 @@ class _Replay:
         prompts: PromptFactory,
     ) -> None:
         self.trace = trace
-        self.client = client
+        self.session = session
+        self.endpoint = endpoint
         self.mode = mode
         self.speedup = speedup
         self.duration_s = duration_s
@@ -331,6 +400,7 @@ class _Replay:
         self.on_progress = on_progress
         self.prompts = prompts
         self.records: list[RequestRecord] = []
+        self.tally = _Tally(tuple(slos))
         self.in_flight: set[asyncio.Task] = set()
         self.stop_requested = asyncio.Event()
         self.t0 = 0.0
@@ -362,23 +432,23 @@ class _Replay:
         error: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self.client.stream("POST", "/v1/completions", content=body) as response:
-                    status = response.status_code
+                async with self.session.post(self.endpoint, data=body) as response:
+                    status = response.status
                     if status != 200:
-                        text = (await response.aread()).decode("utf-8", "replace")
+                        text = (await response.read()).decode("utf-8", "replace")
                         error = f"HTTP {status}: {_one_line(text)}"
                     else:
-                        await self._read_stream(response, stream)
+                        await self._read_stream(response.content, stream)
                         error = stream.error
         except asyncio.CancelledError:
             self._record(i, scheduled_s, sent, stream, status, "cancelled: replay stopped", True)
             raise
         except TimeoutError:
             error = f"timeout: no complete answer within {self.timeout_s:g} s"
-        except httpx.ConnectError as exc:
+        except aiohttp.ClientConnectorError as exc:
             error = f"connection failed: {_one_line(str(exc)) or type(exc).__name__}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {_one_line(str(exc))}"
+        except aiohttp.ClientError as exc:  # dropped connection, malformed HTTP, cut body
+            error = f"{type(exc).__name__}: {_one_line(str(exc)) or 'no detail'}"
         except (OSError, ValueError) as exc:  # socket errors; undecodable JSON in the stream
             error = f"{type(exc).__name__}: {_one_line(str(exc))}"
         if error is None and stream.first_token_s is None:
@@ -387,13 +457,13 @@ class _Replay:
             error = "stream ended before [DONE]"
         self._record(i, scheduled_s, sent, stream, status, error, False)
 
-    async def _read_stream(self, response: httpx.Response, stream: _Stream) -> None:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
+    async def _read_stream(self, content: aiohttp.StreamReader, stream: _Stream) -> None:
+        async for line in content:
+            if not line.startswith(b"data:"):
                 continue  # blank separators, comments, `event:` lines
             data = line[5:].strip()
             now = time.monotonic()
-            if data == "[DONE]":
+            if data == b"[DONE]":
                 # Keep reading to the end of the body: a connection is only reused once
                 # its response was read to the end.
                 stream.done = True
@@ -427,22 +497,22 @@ class _Replay:
         )
         sent_s = sent - self.t0
         # Our own values, already the right types: skip re-validation on the hot path.
-        self.records.append(
-            RequestRecord.model_construct(
-                index=i,
-                scheduled_s=scheduled_s,
-                sent_s=sent_s,
-                lag_ms=(sent_s - scheduled_s) * 1e3,
-                ttft_ms=ttft,
-                itl_ms=[gap * 1e3 for gap in stream.gaps_s],
-                e2e_ms=None if error is not None else (end - sent) * 1e3,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                status=status,
-                error=error,
-                cancelled=cancelled,
-            )
+        record = RequestRecord.model_construct(
+            index=i,
+            scheduled_s=scheduled_s,
+            sent_s=sent_s,
+            lag_ms=(sent_s - scheduled_s) * 1e3,
+            ttft_ms=ttft,
+            itl_ms=[gap * 1e3 for gap in stream.gaps_s],
+            e2e_ms=None if error is not None else (end - sent) * 1e3,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            status=status,
+            error=error,
+            cancelled=cancelled,
         )
+        self.records.append(record)
+        self.tally.add(record)
 
     # -- schedules ------------------------------------------------------------------------
 
@@ -496,17 +566,20 @@ class _Replay:
             await asyncio.sleep(max(self.t0 + tick - time.monotonic(), 0.0))
             elapsed = time.monotonic() - self.t0
             tick = int(elapsed) + 1
-            summary = summarize(list(self.records), elapsed, self.slos)
-            # The callback may touch storage (Optuna trial.report): keep it off the loop
-            # that is timing sends.
-            if await asyncio.to_thread(self.on_progress, elapsed, summary):
+            # Percentiles over every token gap so far and the callback (which may write to
+            # storage: Optuna's trial.report) run in a worker thread, off the loop that
+            # times sends; numpy releases the GIL for the heavy part.
+            if await asyncio.to_thread(self._report, elapsed, self.tally.copy()):
                 self.stop_requested.set()
                 return
+
+    def _report(self, elapsed: float, tally: _Tally) -> bool:
+        assert self.on_progress is not None
+        return bool(self.on_progress(elapsed, tally.summary(elapsed)))
 
     # -- the run --------------------------------------------------------------------------
 
     async def run(self) -> ReplayResult:
-        _warm_up_http_client()
         # The first request is due at once: build it before the clock starts.
         first_body = self.body(0) if len(self.trace) else None
         self.t0 = time.monotonic()
@@ -532,7 +605,7 @@ class _Replay:
         if not stopped_early:
             work.result()  # a bug in the schedule itself should not pass silently
         records = sorted(self.records, key=lambda r: r.index)
-        summary = summarize(records, end - self.t0, self.slos, stopped_early=stopped_early)
+        summary = self.tally.summary(end - self.t0, stopped_early=stopped_early)
         if summary.client_lagging:
             logger.warning(
                 "replayer lagging: send lag p99 %.1f ms > %.0f ms; the client, not only the "
@@ -541,20 +614,6 @@ class _Replay:
                 CLIENT_LAG_WARN_MS,
             )
         return ReplayResult.model_construct(records=records, summary=summary)
-
-
-def _warm_up_http_client() -> None:
-    """Import what httpx's transport imports on its first request, before the clock starts.
-
-    httpcore loads its asyncio backend (anyio) lazily: 20-40 ms here, which would otherwise
-    land on the first request's TTFT. Must run inside the event loop.
-    """
-    try:
-        import anyio
-        import httpcore._backends.anyio  # noqa: F401
-    except ImportError:  # another backend; then nothing to warm up
-        return
-    anyio.Event()
 
 
 async def replay(
@@ -590,20 +649,21 @@ async def replay(
     if api_token:
         headers["Authorization"] = f"Bearer {api_token}"
     # Closed loop: exactly N connections, kept alive. Open loop: never let the pool hold a
-    # request back (that would be unmeasured client-side queueing), so no limit.
-    pool = replay_mode.concurrency
-    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
-    async with httpx.AsyncClient(
-        base_url=url.rstrip("/"),
+    # request back (that would be unmeasured client-side queueing): no limit (0).
+    connector = aiohttp.TCPConnector(limit=replay_mode.concurrency or 0, limit_per_host=0)
+    async with aiohttp.ClientSession(
+        connector=connector,
         headers=headers,
-        limits=limits,
-        timeout=httpx.Timeout(timeout_s),
+        # The per-request limit is enforced around the whole request (asyncio.timeout).
+        timeout=aiohttp.ClientTimeout(total=None),
         # A load client talks straight to the server: no proxies from the environment.
         trust_env=False,
-    ) as client:
+        auto_decompress=False,
+    ) as session:
         run = _Replay(
             trace,
-            client,
+            session,
+            url.rstrip("/") + "/v1/completions",
             mode=replay_mode,
             speedup=speedup,
             duration_s=duration_s,

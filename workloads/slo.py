@@ -116,7 +116,17 @@ def request_value_ms(record: MeasuredRequest, slo: SLO) -> float | None:
         return request_tpot_ms(record)
     if not record.itl_ms:
         return None
-    return float(np.percentile(record.itl_ms, slo.percentile))
+    return percentile(record.itl_ms, slo.percentile)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """numpy's default (linear) percentile in plain Python: for one request's few hundred
+    gaps, checked once per request while the replay runs, about twice as fast as numpy."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def request_is_good(record: MeasuredRequest, slos: Sequence[SLO]) -> bool:

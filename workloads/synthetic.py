@@ -22,6 +22,8 @@ from workloads.profile import TraceProfile, burstiness_cv
 from workloads.trace import Trace
 
 Arrivals = Literal["poisson", "gamma"]
+# Sessions a returning request may belong to: the most recently opened ones.
+_RECENT_SESSIONS = 20
 
 
 def arrival_times_ms(
@@ -192,15 +194,18 @@ def translation(spec: TranslationSpec | None = None, *, seed: int = 0) -> Trace:
     pair_index = np.empty(n, dtype=np.int64)
     opened = 0
     new_session = rng.random(n) < spec.new_session_probability
+    # Drawn up front, vectorised: one draw per request whether or not it is used.
+    new_pairs = rng.choice(len(pairs), p=weights, size=n)
+    picks = rng.random(n)
     for i in range(n):
         if new_session[i] or not recent:
-            session = (f"s{opened:06d}", int(rng.choice(len(pairs), p=weights)))
+            session = (f"s{opened:06d}", int(new_pairs[i]))
             opened += 1
             recent.append(session)
-            if len(recent) > 20:
+            if len(recent) > _RECENT_SESSIONS:
                 recent.pop(0)
         else:
-            session = recent[int(rng.integers(len(recent)))]
+            session = recent[int(picks[i] * len(recent))]
         session_ids.append(session[0])
         pair_index[i] = session[1]
     ratios = np.array([p.ratio for p in pairs])[pair_index]

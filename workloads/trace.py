@@ -21,6 +21,8 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, overload
 
@@ -339,7 +341,7 @@ class TraceBuilder:
         self.strings: dict[str, list[str | None] | None] = dict.fromkeys(_STRING_FIELDS)
         self.latencies: list[np.ndarray] | None = None
         # Interning repeated strings (language codes, sessions) keeps 1M rows small.
-        self.interned: dict[str, str] = {}
+        self.interned: dict[str | None, str | None] = {}
 
     def add_rows(self, rows: Sequence[tuple]) -> None:
         """Rows as `_parse_line` returns them."""
@@ -350,9 +352,9 @@ class TraceBuilder:
             np.array(ts, dtype=np.float64),
             np.array(ins, dtype=np.int64),
             np.array(outs, dtype=np.int64),
-            None if all(h is None for h in hashes) else list(hashes),
+            None if hashes.count(None) == len(hashes) else HashIdColumn.from_lists(hashes),
             {"source_lang": list(src), "target_lang": list(tgt), "session_id": list(sess)},
-            None if all(x is None for x in lat) else list(lat),
+            None if lat.count(None) == len(lat) else np.array(lat, dtype=np.float64),
         )
 
     def add_columns(
@@ -360,10 +362,11 @@ class TraceBuilder:
         timestamps: np.ndarray,
         inputs: np.ndarray,
         outputs: np.ndarray,
-        hash_ids: list[list[int] | None] | None,
+        hash_ids: HashIdColumn | None,
         strings: dict[str, list[str | None]],
-        latencies: list[float | None] | None,
+        latencies: np.ndarray | None,
     ) -> None:
+        """One chunk of validated columns; latencies NaN where unknown."""
         n, size = self.n, len(timestamps)
         self.timestamps.append(timestamps)
         self.inputs.append(inputs)
@@ -371,10 +374,10 @@ class TraceBuilder:
         if hash_ids is not None and self.hash_chunks is None:
             self.hash_chunks = [HashIdColumn.from_lists([None] * n)]
         if self.hash_chunks is not None:
-            self.hash_chunks.append(HashIdColumn.from_lists(hash_ids or [None] * size))
+            self.hash_chunks.append(hash_ids or HashIdColumn.from_lists([None] * size))
         for name in _STRING_FIELDS:
             values = strings.get(name)
-            if values is not None and all(v is None for v in values):
+            if values is not None and values.count(None) == len(values):
                 values = None
             column = self.strings[name]
             if values is not None and column is None:
@@ -383,16 +386,11 @@ class TraceBuilder:
                 if values is None:
                     column.extend([None] * size)
                 else:
-                    intern = self.interned.setdefault
-                    column.extend([None if v is None else intern(v, v) for v in values])
+                    column.extend(map(self.interned.setdefault, values, values))
         if latencies is not None and self.latencies is None:
             self.latencies = [np.full(n, np.nan)]
         if self.latencies is not None:
-            self.latencies.append(
-                np.full(size, np.nan)
-                if latencies is None
-                else np.array([np.nan if v is None else v for v in latencies], dtype=np.float64)
-            )
+            self.latencies.append(np.full(size, np.nan) if latencies is None else latencies)
         self.n = n + size
 
     def timestamps_ascending(self) -> bool:
@@ -530,15 +528,15 @@ def _parse_chunk(lines: list[bytes]) -> tuple | None:
         records = json.loads(joined.decode("utf-8"))
     except (ValueError, RecursionError):
         return None
-    if len(records) != len(lines) or not all(type(r) is dict for r in records):
+    if len(records) != len(lines) or set(map(type, records)) != {dict}:
         return None
     keys = set().union(*records)
     if not keys <= _ALLOWED:
         return None
     try:
-        ts = [r["timestamp"] for r in records]
-        ins = [r["input_length"] for r in records]
-        outs = [r["output_length"] for r in records]
+        ts = list(map(itemgetter("timestamp"), records))
+        ins = list(map(itemgetter("input_length"), records))
+        outs = list(map(itemgetter("output_length"), records))
     except KeyError:
         return None
     if not set(map(type, ts)) <= _NUMBER_TYPES:
@@ -557,36 +555,51 @@ def _parse_chunk(lines: list[bytes]) -> tuple | None:
         return None
     if not (np.all(outputs >= 1) and np.all(outputs <= MAX_TOKENS)):
         return None
+
+    def column(name: str) -> list[Any]:
+        return list(map(dict.get, records, repeat(name)))
+
     hash_ids = None
     if "hash_ids" in keys:
-        hash_ids = [r.get("hash_ids") for r in records]
-        if not set(map(type, hash_ids)) <= {list, type(None)}:
+        rows = column("hash_ids")
+        if not set(map(type, rows)) <= {list, type(None)}:
             return None
-        ids = [v for h in hash_ids if h is not None for v in h]
+        present = [row is not None for row in rows]
+        if not all(present):
+            rows = [row or [] for row in rows]
+        ids = list(chain.from_iterable(rows))
         if ids and set(map(type, ids)) != {int}:
             return None
         try:
-            np.array(ids, dtype=np.int64)
+            values = np.array(ids, dtype=np.int64)
         except OverflowError:
             return None
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), out=offsets[1:])
+        hash_ids = HashIdColumn(values, offsets, np.array(present, dtype=bool))
     strings: dict[str, list[str | None]] = {}
     for name in _STRING_FIELDS:
         if name in keys:
-            values = [r.get(name) for r in records]
-            if not set(map(type, values)) <= {str, type(None)}:
+            values_ = column(name)
+            if not set(map(type, values_)) <= {str, type(None)}:
                 return None
-            strings[name] = values
+            strings[name] = values_
     latencies = None
     if "latency_ms" in keys:
-        latencies = [r.get("latency_ms") for r in records]
-        if not set(map(type, latencies)) <= {int, float, type(None)}:
+        raw = column("latency_ms")
+        if not set(map(type, raw)) <= {int, float, type(None)}:
             return None
-        present = [v for v in latencies if v is not None]
         try:
-            values = np.array(present, dtype=np.float64)
+            latencies = np.array(raw, dtype=np.float64)  # None -> NaN
         except OverflowError:
             return None
-        if not (np.all(np.isfinite(values)) and np.all(values >= 0)):
+        unknown = np.isnan(latencies)
+        # A NaN in the file (json accepts it) is an error, not "unknown": let the line
+        # parser name it.
+        if int(unknown.sum()) != raw.count(None):
+            return None
+        known = latencies[~unknown]
+        if not (np.all(np.isfinite(known)) and np.all(known >= 0)):
             return None
     return timestamps, inputs, outputs, hash_ids, strings, latencies
 
@@ -609,8 +622,11 @@ def read_trace(
     errors: list[TraceError] = []
     lines_read = 0
 
-    def flush(numbers: list[int], lines: list[bytes]) -> None:
+    def flush(first_number: int, chunk: list[bytes]) -> None:
         nonlocal invalid
+        if not chunk[-1].endswith(b"\n"):
+            chunk[-1] += b"\n"  # the file's last line; joined chunks need the newline
+        lines = [line for line in chunk if not line.isspace()]
         if not lines:
             return
         columns = _parse_chunk(lines)
@@ -618,7 +634,9 @@ def read_trace(
             builder.add_columns(*columns)
             return
         rows = []
-        for number, raw in zip(numbers, lines, strict=True):
+        for number, raw in enumerate(chunk, start=first_number):
+            if raw.isspace():
+                continue
             try:
                 rows.append(_parse_line(name, number, raw))
             except TraceError as error:
@@ -630,18 +648,9 @@ def read_trace(
         builder.add_rows(rows)
 
     with handle:
-        numbers: list[int] = []
-        lines: list[bytes] = []
-        for line_number, raw in enumerate(handle, start=1):
-            lines_read = line_number
-            if not raw.strip():
-                continue
-            numbers.append(line_number)
-            lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
-            if len(lines) >= chunk_lines:
-                flush(numbers, lines)
-                numbers, lines = [], []
-        flush(numbers, lines)
+        while chunk := list(islice(handle, chunk_lines)):
+            flush(lines_read + 1, chunk)
+            lines_read += len(chunk)
     if builder.n == 0:
         if invalid:
             raise WorkloadError(

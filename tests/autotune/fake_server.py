@@ -13,6 +13,7 @@ Keys (all optional):
   token_delay_s   POST /v1/completions streams `max_tokens` tokens this far apart (0.01)
   fail_every      answer every n-th completion with HTTP 500
   die_after       exit (printing `message`) once this many completions were answered
+  allocate_mib    hold this much touched memory while running
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def main() -> int:
         child = subprocess.Popen([sys.executable, "-c", child_code])
         print(f"child pid {child.pid}", flush=True)
 
+    ballast = bytearray(behaviour.get("allocate_mib", 0) * 2**20)
+    for offset in range(0, len(ballast), 4096):
+        ballast[offset] = 1  # touch every page so it is really resident
     ready_after = behaviour.get("ready_after_s", 0)
     metrics_file = behaviour.get("metrics_file")
     token_delay = behaviour.get("token_delay_s", 0.01)

@@ -21,6 +21,7 @@ from autotune.launcher import (
     StaleServerRegistry,
     classify_exit,
     free_port,
+    headline,
     reap_stale_servers,
 )
 
@@ -75,6 +76,15 @@ def test_ready_server_answers_then_stop_ends_whole_group(tmp_path: Path) -> None
     assert not alive(server.pid) and not alive(children[0])
     assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
     assert "--benchmark-mode" in log.read_text().splitlines()[0]
+
+
+def test_stop_sees_the_servers_memory_come_back(tmp_path: Path) -> None:
+    config = behaviour_file(tmp_path, allocate_mib=400, spawn_child=True)
+    server = launcher(tmp_path).start(config, tmp_path / "server.log")
+    # A tolerance below what the server held: "recovered" needs the 400 MiB back.
+    report = server.stop(memory_tolerance_bytes=100 * 2**20)
+    assert 400 <= report.memory_held_mib < 600
+    assert report.memory_recovered
 
 
 def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:
@@ -210,6 +220,19 @@ def test_foreign_health_answer_is_not_taken_for_ours(tmp_path: Path) -> None:
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_headline_names_the_reason_vllm_gave() -> None:
+    tail = [
+        "INFO starting",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig",
+        "  Value error, max_num_batched_tokens (32) must be greater than or equal to "
+        "max_num_seqs (64). [type=value_error]",
+        "    For further information visit https://errors.pydantic.dev/2.12/v/value_error",
+    ]
+    assert headline(tail).startswith("Value error, max_num_batched_tokens (32)")
+    assert headline(["a", "RuntimeError: boom", "cleanup done"]) == "RuntimeError: boom"
+    assert headline([]) == "(empty log)"
 
 
 def test_port_race_lost_twice_is_classified_port_in_use(tmp_path: Path) -> None:

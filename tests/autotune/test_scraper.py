@@ -127,9 +127,16 @@ def test_both_name_generations_give_the_same_numbers() -> None:
     assert server_metrics(empty, current, []) == server_metrics(empty, older, [])
 
 
-def test_preemptions_are_diffed() -> None:
-    line = 'vllm:num_preemptions_total{{engine="0",model_name="m"}} {}\n'
-    header = "# TYPE vllm:num_preemptions counter\n"
+@pytest.mark.parametrize(
+    ("header", "sample"),
+    [
+        ("# TYPE vllm:num_preemptions counter\n", "vllm:num_preemptions_total"),
+        ("# TYPE vllm:num_preemptions_total counter\n", "vllm:num_preemptions_total"),
+        ("", "vllm:num_preemptions"),  # untyped, no _total suffix
+    ],
+)
+def test_preemptions_are_diffed_in_every_spelling(header: str, sample: str) -> None:
+    line = sample + '{{engine="0",model_name="m"}} {}\n'
     before = parse_metrics(header + line.format(4.0))
     after = parse_metrics(header + line.format(7.0))
     assert server_metrics(before, after, []).preemptions == 3.0

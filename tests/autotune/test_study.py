@@ -219,3 +219,30 @@ def test_gate_runs_candidates_interleaved_and_keeps_records(tmp_path: Path) -> N
     assert names[:half] != names[half:]  # the first config rotates
     saved = json.loads((tmp_path / "validation" / "measurements.json").read_text())
     assert len(saved) == len(names)
+
+
+class PruningRunner(FakeRunner):
+    """Reports goodput-so-far each second, as the real runner does, and stops when told."""
+
+    def run(self, config, window, trial_dir, *, should_prune=None):
+        goodput, ttft = self.score(config.engine)
+        self.seen.append(dict(config.engine))
+        self.pruner_offered = getattr(self, "pruner_offered", []) + [should_prune is not None]
+        for second in range(10):
+            if should_prune is not None and should_prune(float(second), summary(goodput, ttft)):
+                return TrialOutcome(ok=False, failure="pruned", failure_detail=f"pruned at {second} s",
+                                    trial_dir=str(trial_dir))
+        return TrialOutcome(ok=True, summary=summary(goodput, ttft), trial_dir=str(trial_dir))
+
+
+def test_weak_trials_are_pruned_mid_window_but_never_the_baseline(tmp_path: Path) -> None:
+    runner = PruningRunner()
+    study = make_study(tmp_path, runner, n_trials=12).run_search()
+    assert runner.pruner_offered[0] is False  # the baseline always runs to the end
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert pruned, "some weak configs should have been stopped early"
+    best_complete = max(t.values[0] for t in study.trials if t.state == TrialState.COMPLETE)
+    for trial in pruned:
+        # Stopped only past the warm-up part of the window, below the median of the others.
+        assert max(trial.intermediate_values) >= 4
+        assert trial.intermediate_values[max(trial.intermediate_values)] < best_complete

@@ -83,8 +83,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     log_path = folder / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(config_path), "--port", str(port),
-             "--benchmark-mode"],
+            [
+                sys.executable,
+                "-m",
+                "server",
+                "--config",
+                str(config_path),
+                "--port",
+                str(port),
+                "--benchmark-mode",
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the engine core dies with it

@@ -24,7 +24,10 @@ def write(path: Path, text: str) -> Path:
 
 def test_both_spellings_are_read_and_kebab_case_is_written(tmp_path: Path) -> None:
     config = ServerConfig.load(
-        write(tmp_path / "c.yaml", "model: m\nmax-num-seqs: 8\nmax_num_batched_tokens: 512\napi_key: k\n")
+        write(
+            tmp_path / "c.yaml",
+            "model: m\nmax-num-seqs: 8\nmax_num_batched_tokens: 512\napi_key: k\n",
+        )
     )
     assert config.engine == {"model": "m", "max_num_seqs": 8, "max_num_batched_tokens": 512}
     assert config.api_key == "k"
@@ -86,7 +89,12 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_written_file_loads_back_equal_and_keeps_a_provenance_header(tmp_path: Path) -> None:
     config = ServerConfig(
-        engine={**default_engine_settings(), "max_num_seqs": 16, "additional_config": {"other": 1}},
+        engine={
+            **default_engine_settings(),
+            "max_num_seqs": 16,
+            "enable_prefix_caching": False,
+            "additional_config": {"other": 1},
+        },
         port=8123,
         api_key="secret",
         serving=ServingSettings(benchmark_mode=True, max_waiting_requests=4),
@@ -95,7 +103,7 @@ def test_written_file_loads_back_equal_and_keeps_a_provenance_header(tmp_path: P
     path = tmp_path / "best.yaml"
     config.write(path)
     text = path.read_text()
-    assert text.startswith("# study: \"s1\"\n")
+    assert text.startswith('# study: "s1"\n')
     assert ServerConfig.load(path) == config
     # our section never reaches the engine; other plugins' additional-config does
     assert config.engine_args().additional_config == {"other": 1}

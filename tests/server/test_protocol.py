@@ -22,7 +22,9 @@ from server.protocol import (
 
 
 @pytest.mark.parametrize(("field", "value"), [("ignore_eos", True), ("min_tokens", 5)])
-def test_benchmark_only_fields_are_refused_outside_benchmark_mode(field: str, value: object) -> None:
+def test_benchmark_only_fields_are_refused_outside_benchmark_mode(
+    field: str, value: object
+) -> None:
     request = CompletionRequest(prompt=[1, 2, 3], max_tokens=8, **{field: value})
     with pytest.raises(RequestError) as caught:
         check_benchmark_fields(request, benchmark_mode=False)

@@ -14,6 +14,7 @@ Behaviour is chosen per request by a path prefix, so one server serves every tes
         ids     1: each chunk carries `token_ids` (its token count)    (default 0)
         empty   1: send an empty-text chunk at once, before the first token
         status  answer every request with this HTTP status and a JSON error body
+        err     after this many tokens, send an error event (as vLLM does) and [DONE]
         tag     name under which requests are counted (default: the whole prefix)
     GET /tag=a/stats -> {"requests", "in_flight", "max_in_flight", "last_body",
                          "last_authorization", "connections" (server-wide)}
@@ -49,6 +50,7 @@ class Options:
     ids: bool = False
     empty: bool = False
     status: int = 200
+    err: int | None = None
     tag: str = ""
 
     @classmethod
@@ -68,6 +70,8 @@ class Options:
                 options.empty = value == "1"
             elif key == "status":
                 options.status = int(value)
+            elif key == "err":
+                options.err = int(value)
             elif key == "tag":
                 options.tag = value
             else:
@@ -169,6 +173,9 @@ class EchoServer:
         n = int(request["max_tokens"])
         sent = 0
         while sent < n:
+            if options.err is not None and sent >= options.err:
+                await event({"error": {"message": "injected engine failure", "code": 500}})
+                break
             k = min(options.chunk, n - sent)
             deadline = start + (options.ttft_ms + sent * options.itl_ms) / 1000.0
             await asyncio.sleep(max(deadline - loop.time(), 0.0))
@@ -180,7 +187,8 @@ class EchoServer:
             "completion_tokens": n,
             "total_tokens": len(request["prompt"]) + n,
         }
-        await event({"object": "text_completion", "choices": [], "usage": usage})
+        if options.err is None:
+            await event({"object": "text_completion", "choices": [], "usage": usage})
         await event("[DONE]")
         writer.write(b"0\r\n\r\n")
         await writer.drain()

@@ -8,6 +8,7 @@ measures TTFT ~ ttft, gaps ~ itl and E2E ~ ttft + (n-1)*itl, plus a little trans
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import subprocess
@@ -31,6 +32,27 @@ ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 SLACK_MS = 25.0
 # A single gap is one server sleep plus one client read: each may be ~1 ms late.
 GAP_SLACK_MS = 8.0
+TIMING_ATTEMPTS = 3
+
+
+def timing_sensitive(test):
+    """Re-run a timing test whose assertions failed, up to TIMING_ATTEMPTS times in all.
+
+    These 2-core machines also run vLLM engines; the OS can stall the client or the server
+    for 100+ ms (measured here under load), which no timing bound survives. A broken
+    client misses by the same margin on every attempt.
+    """
+
+    @functools.wraps(test)
+    def run_attempts(*args, **kwargs):
+        for attempt in range(1, TIMING_ATTEMPTS + 1):
+            try:
+                return test(*args, **kwargs)
+            except AssertionError:
+                if attempt == TIMING_ATTEMPTS:
+                    raise
+
+    return run_attempts
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +97,7 @@ def free_port() -> int:
 # -- what one request measures --------------------------------------------------------------
 
 
+@timing_sensitive
 def test_ttft_itl_and_e2e_match_the_server_delays(echo: str) -> None:
     ttft, itl, n = 150.0, 30.0, 8
     # empty=1: the server sends an empty chunk at once; it is not a token.
@@ -96,6 +119,7 @@ def test_ttft_itl_and_e2e_match_the_server_delays(echo: str) -> None:
     assert abs(summary.median_itl_ms - itl) <= GAP_SLACK_MS
 
 
+@timing_sensitive
 def test_tokens_bundled_in_one_chunk_are_spread_when_the_chunk_says_how_many(echo: str) -> None:
     # Chunks of 3 tokens every 60 ms, each with token_ids: 0,0 for the first chunk's extra
     # tokens, then 20 ms per token.
@@ -107,6 +131,7 @@ def test_tokens_bundled_in_one_chunk_are_spread_when_the_chunk_says_how_many(ech
     assert all(abs(gap - 20.0) <= GAP_SLACK_MS / 2 for gap in record.itl_ms[2:])
 
 
+@timing_sensitive
 def test_unannounced_bundles_count_one_gap_per_chunk_and_tokens_from_usage(echo: str) -> None:
     url = f"{echo}/ttft=50,itl=20,chunk=3,tag=bundled"
     record = run(trace_of(1, output_length=9), url).records[0]
@@ -135,22 +160,21 @@ def test_request_body_has_exact_prompt_length_and_benchmark_fields(echo: str) ->
 # -- schedules ------------------------------------------------------------------------------
 
 
+@timing_sensitive
 def test_timed_mode_keeps_the_schedule_at_200_requests_per_second(echo: str) -> None:
     # 10 ms apart in the trace, speedup 2 -> 200 req/s for 3 s; a cheap answer each.
     trace = trace_of(600, spacing_ms=10, output_length=2)
-    # Measured here on an idle machine: p99 1.3-1.8 ms (asyncio wakes timers on a 1 ms epoll
-    # grid). Other engines on these 2 cores can stall any process for 100+ ms, so a run gets
-    # a second try; a client that drifts (relative sleeps) is late by 100+ ms in both.
-    for _attempt in range(2):
-        result = run(trace, f"{echo}/ttft=2,itl=1,tag=rate", speedup=2.0)
-        if result.summary.send_lag_p99_ms < 5.0:
-            break
+    result = run(trace, f"{echo}/ttft=2,itl=1,tag=rate", speedup=2.0)
     summary = result.summary
     assert summary.completed == 600, {r.error for r in result.records}
     expected = np.arange(600) * 0.005
     assert np.allclose([r.scheduled_s for r in result.records], expected)
     assert min(r.lag_ms for r in result.records) >= 0
-    assert summary.send_lag_p99_ms < 5.0, summary
+    # Measured here: idle machine p50 0.8, p99 1.3-1.8 ms (asyncio wakes timers on a 1 ms
+    # epoll grid); with two vLLM engines busy on the same 2 cores p50 0.8, p99 2.9-7 ms.
+    # A client that sleeps relative durations drifts by hundreds of ms over 600 requests.
+    assert summary.send_lag_p50_ms < 2.5, summary
+    assert summary.send_lag_p99_ms < 10.0, summary
     assert not summary.client_lagging
     assert 2.99 < summary.duration < 3.1
 
@@ -161,6 +185,7 @@ def test_duration_cuts_the_trace_on_the_replayed_clock(echo: str) -> None:
     assert [r.index for r in result.records] == list(range(10))
 
 
+@timing_sensitive
 def test_closed_loop_keeps_exactly_n_in_flight_on_n_connections(echo: str) -> None:
     n = 4
     before = stats(echo, "closed")["connections"]
@@ -206,12 +231,21 @@ def test_http_errors_are_recorded_not_raised(echo: str) -> None:
     assert result.summary.mean_ttft_ms is None
 
 
+def test_an_error_event_mid_stream_fails_the_request(echo: str) -> None:
+    result = run(trace_of(2, output_length=6), f"{echo}/itl=2,err=3,tag=midstream")
+    assert result.summary.failed == 2 and result.summary.completed == 0
+    for record in result.records:
+        assert record.status == 200
+        assert record.error.startswith("server error in stream") and "injected" in record.error
+
+
 def test_connection_refused_is_recorded(echo: str) -> None:
     result = run(trace_of(2), f"http://127.0.0.1:{free_port()}")
     assert result.summary.failed == 2
     assert all(r.status is None and r.error.startswith("connection failed") for r in result.records)
 
 
+@timing_sensitive
 def test_timeout_is_recorded_and_does_not_wait_for_the_server(echo: str) -> None:
     started = time.monotonic()
     result = run(trace_of(1), f"{echo}/ttft=5000,tag=slow", timeout_s=0.3)
@@ -222,6 +256,7 @@ def test_timeout_is_recorded_and_does_not_wait_for_the_server(echo: str) -> None
 # -- goodput and SLOs -----------------------------------------------------------------------
 
 
+@timing_sensitive
 def test_goodput_counts_only_requests_meeting_every_slo(echo: str) -> None:
     # Same server delays, two answer lengths: 2 tokens finish in ~20 ms, 20 tokens in ~200 ms.
     requests = [
@@ -235,6 +270,8 @@ def test_goodput_counts_only_requests_meeting_every_slo(echo: str) -> None:
     assert summary.completed == 12
     assert summary.request_goodput * summary.duration == pytest.approx(short)
     assert summary.slo_met == {"e2el_p99_ms=100": False, "tpot_p50_ms=50": True}
+    # The running tally and a summary of the written records agree.
+    assert summarize(result.records, summary.duration, slos) == summary
     assert run(Trace.from_requests(requests), f"{echo}/tag=good2").summary.request_goodput is None
 
 
@@ -246,6 +283,7 @@ def test_failed_requests_are_never_good(echo: str) -> None:
 # -- progress and pruning -------------------------------------------------------------------
 
 
+@timing_sensitive
 def test_on_progress_returning_true_stops_sending_and_cancels_in_flight(echo: str) -> None:
     calls: list[tuple[float, ReplaySummary]] = []
 
@@ -271,6 +309,7 @@ def test_on_progress_returning_true_stops_sending_and_cancels_in_flight(echo: st
     assert all(r.cancelled == (r.error is not None) for r in result.records)
 
 
+@timing_sensitive
 def test_on_progress_returning_false_changes_nothing(echo: str) -> None:
     calls: list[float] = []
     trace = trace_of(30, spacing_ms=50, output_length=2)

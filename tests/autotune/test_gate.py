@@ -1,0 +1,72 @@
+"""The gate's decision on constructed validation series."""
+
+from __future__ import annotations
+
+from autotune.gate import BASELINE, Measurement, bootstrap_median_diff, decide, round_robin
+
+
+def series(name: str, values: list[float], *, slo_met: list[bool] | None = None) -> list[Measurement]:
+    met = slo_met or [True] * len(values)
+    return [
+        Measurement(candidate=name, repeat=i, value=v, slo_met=m)
+        for i, (v, m) in enumerate(zip(values, met, strict=True))
+    ]
+
+
+def test_clear_win_is_emitted_with_effect_and_interval() -> None:
+    runs = series(BASELINE, [2.0, 2.05, 1.98]) + series("trial-0003", [2.6, 2.55, 2.62])
+    decision = decide(runs)
+    assert decision.winner == "trial-0003" and not decision.keep_baseline
+    assert abs(decision.effect - (2.6 - 2.0) / 2.0) < 1e-9
+    assert decision.ci_low > 0 and decision.ci_high >= decision.ci_low
+    assert "beats the baseline" in decision.reason
+
+
+def test_win_within_the_noise_keeps_the_baseline() -> None:
+    # The candidate's median is higher, but the baseline itself wanders more than that.
+    runs = series(BASELINE, [2.0, 2.4, 1.7]) + series("trial-0002", [2.1, 2.2, 2.15])
+    decision = decide(runs)
+    assert decision.keep_baseline and decision.winner == BASELINE
+    assert decision.best_candidate == "trial-0002"
+    assert "noise" in decision.reason or "spread" in decision.reason
+
+
+def test_consistent_but_smaller_than_spread_gain_keeps_the_baseline() -> None:
+    # Every candidate run beats every baseline run (CI above 0) but by less than the
+    # baseline's own run-to-run spread: not a gain anyone can rely on.
+    runs = series(BASELINE, [2.0, 2.1, 2.2]) + series("trial-0001", [2.21, 2.22, 2.23])
+    decision = decide(runs)
+    assert decision.ci_low > 0
+    assert decision.keep_baseline
+    assert "spread" in decision.reason
+
+
+def test_slo_broken_in_one_repeat_is_not_eligible() -> None:
+    runs = (
+        series(BASELINE, [2.0, 2.0, 2.0])
+        + series("trial-0004", [3.0, 3.1, 3.0], slo_met=[True, False, True])
+        + series("trial-0005", [2.5, 2.55, 2.6])
+    )
+    decision = decide(runs)
+    assert decision.winner == "trial-0005"  # the faster one missed an SLO once
+    stats = {s.candidate: s for s in decision.stats}
+    assert not stats["trial-0004"].eligible and "repeat 2" in stats["trial-0004"].why_not
+
+
+def test_no_eligible_candidate_keeps_the_baseline() -> None:
+    runs = series(BASELINE, [2.0, 2.0]) + series("trial-0001", [5.0, 5.0], slo_met=[False, False])
+    decision = decide(runs)
+    assert decision.keep_baseline and decision.best_candidate is None
+
+
+def test_bootstrap_interval_brackets_the_difference() -> None:
+    low, high = bootstrap_median_diff([3.0, 3.2, 3.1], [2.0, 2.1, 1.9])
+    # Bounded by the most extreme resamples: 3.0 - 2.1 and 3.2 - 1.9.
+    assert 0.9 - 1e-9 <= low <= 1.1 <= high <= 1.3 + 1e-9
+
+
+def test_round_robin_runs_everyone_each_repeat_and_rotates_the_first() -> None:
+    order = round_robin(["baseline", "a", "b"], 3)
+    repeats = [[name for r, name in order if r == k] for k in range(3)]
+    assert all(sorted(rep) == ["a", "b", "baseline"] for rep in repeats)
+    assert [rep[0] for rep in repeats] == ["baseline", "a", "b"]

@@ -1,0 +1,91 @@
+"""Search space: the YAML a user writes, the relations, what Optuna is asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.space import SearchSpace, engine_argument_names, parse_relation
+
+
+@pytest.fixture(scope="module")
+def known() -> frozenset[str]:
+    return engine_argument_names()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_the_device() -> None:
+    cpu, gpu = SearchSpace.default("cpu"), SearchSpace.default("gpu")
+    assert cpu.params["gpu_memory_utilization"].high <= 0.35  # share of RAM on CPU
+    assert gpu.params["gpu_memory_utilization"].low == 0.80
+    assert cpu.params["max_num_seqs"].low == 1 and cpu.params["max_num_seqs"].high == 32
+
+
+def test_space_file_widens_drops_and_adds(tmp_path: Path, known: frozenset[str]) -> None:
+    path = write(tmp_path, """
+params:
+  max_num_seqs: {type: int, low: 2, high: 64, log: true}
+  gpu_memory_utilization: null
+  enable_prefix_caching: {type: categorical, choices: [true, false]}
+relations:
+  - "max_num_batched_tokens >= 256 if enable_prefix_caching"
+  - {left: max_num_seqs, op: "<=", right: 48}
+""")
+    space = SearchSpace.load(path, "cpu", known_names=known)
+    assert set(space.params) == {"max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"}
+    assert space.params["max_num_seqs"].high == 64
+    assert len(space.relations) == 4  # two built-ins + two from the file
+
+
+def test_unknown_engine_argument_is_named(tmp_path: Path, known: frozenset[str]) -> None:
+    path = write(tmp_path, "params:\n  max_num_partial_prefils: {type: int, low: 1, high: 4}\n")
+    with pytest.raises(AutotuneError, match="max_num_partial_prefils.*not an engine argument"):
+        SearchSpace.load(path, "cpu", known_names=known)
+
+
+def test_bad_param_spec_names_file_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "params:\n  max_num_batched_tokens: {type: pow2, low: 100, high: 4096}\n")
+    with pytest.raises(AutotuneError, match=r"space.yaml: field 'params.max_num_batched_tokens.*power of two"):
+        SearchSpace.load(path, "cpu")
+
+
+def test_bad_relation_is_rejected_not_evaluated(tmp_path: Path) -> None:
+    path = write(tmp_path, "relations:\n  - \"__import__('os').system('x')\"\n")
+    with pytest.raises(AutotuneError, match="relations.0"):
+        SearchSpace.load(path, "cpu")
+
+
+def test_relations_hold_break_or_abstain() -> None:
+    conditional = parse_relation("max_num_batched_tokens >= max_model_len if not enable_chunked_prefill")
+    assert conditional.check({"max_num_batched_tokens": 512, "max_model_len": 2048,
+                              "enable_chunked_prefill": False}) is False
+    assert conditional.check({"max_num_batched_tokens": 512, "max_model_len": 2048,
+                              "enable_chunked_prefill": True}) is True
+    # Unknown chunked-prefill setting: the tuner does not guess, vLLM decides.
+    assert conditional.check({"max_num_batched_tokens": 512, "max_model_len": 2048}) is None
+    space = SearchSpace.default("cpu")
+    assert space.broken_relations({"max_num_seqs": 32, "max_num_batched_tokens": 16}) == [
+        "max_num_batched_tokens >= max_num_seqs"
+    ]
+
+
+def test_suggest_gives_engine_values_and_baseline_is_representable() -> None:
+    space = SearchSpace.default("cpu")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(20):
+        values = space.suggest(study.ask())
+        assert values["max_num_batched_tokens"] & (values["max_num_batched_tokens"] - 1) == 0
+        assert 32 <= values["max_num_batched_tokens"] <= 4096
+        assert 1 <= values["max_num_seqs"] <= 32
+    # vLLM's CPU defaults: 128 seqs is outside 1-32, so it is not enqueued as a parameter.
+    fixed = space.fixed_params({"max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                                "gpu_memory_utilization": 0.3})
+    assert fixed == {"log2_max_num_batched_tokens": 11, "gpu_memory_utilization": 0.3}
