@@ -34,8 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add = parser.add_argument
     add("--workload", required=True, metavar="TRACE.jsonl", help="the traffic trace to tune on")
-    add("--trials", type=int, default=DEFAULT_TRIALS, metavar="N",
-        help="trials in the search, the baseline included (with --resume: the study's total) (default: %(default)s)")
+    add("--trials", type=int, default=None, metavar="N",
+        help="trials in the search, the baseline included (with --resume: the study's total) "
+             f"(default: {DEFAULT_TRIALS}, or no limit when --time-budget is given)")
     add("--time-budget", default=None, metavar="DURATION",
         help="stop starting search trials after this long, e.g. 900, 30m, 1.5h; the gate runs after "
              "(default: no limit, --trials decides)")
@@ -90,6 +91,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.top_k < 1 or args.repeats < 1:
         raise AutotuneError("--top-k and --repeats must be at least 1")
     budget = parse_duration(args.time_budget) if args.time_budget else None
+    if args.trials is None and budget is None:
+        args.trials = DEFAULT_TRIALS
     study_name = args.study_name or f"{Path(args.workload).stem}-{dt.date.today():%Y%m%d}"
     output_dir: Path = args.output_dir or Path("results") / study_name
     plan = plan_study(args, study_name=study_name, output_dir=output_dir, time_budget_s=budget)

@@ -374,6 +374,11 @@ class TuningStudy:
             study.tell(trial, state=TrialState.FAIL)
             self.say(f"{label}: interrupted; resume with --resume")
             raise
+        except BaseException as error:
+            # A bug or a user error mid-trial: close the trial rather than leave it RUNNING.
+            trial.set_user_attr("interrupted", f"tuner error: {type(error).__name__}: {error}")
+            study.tell(trial, state=TrialState.FAIL)
+            raise
         wall = self.clock() - started
         failure = outcome.failure
         if failure == "pruned":

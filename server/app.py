@@ -47,6 +47,7 @@ from server.protocol import (
     translation_max_tokens,
     translation_prompt,
 )
+from server.recorder import Pending, TrafficRecorder
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -148,10 +149,17 @@ class EngineHolder:
 class Handlers:
     """The routes' logic, with the state of one app."""
 
-    def __init__(self, config: ServerConfig, holder: EngineHolder, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        holder: EngineHolder,
+        metrics: ServerMetrics,
+        recorder: TrafficRecorder | None = None,
+    ) -> None:
         self.config = config
         self.holder = holder
         self.metrics = metrics
+        self.recorder = recorder
         self.in_flight = 0
         self.model_name = str(config.engine.get("served_model_name") or config.engine.get("model"))
 
@@ -178,6 +186,10 @@ class Handlers:
     def release(self) -> None:
         self.in_flight -= 1
         self.metrics.in_flight.dec()
+
+    def begin_record(self, **fields: str | None) -> Pending | None:
+        """Starts recording an admitted request (buffered in memory; no I/O here)."""
+        return None if self.recorder is None else self.recorder.begin(**fields)
 
     # --- routes --------------------------------------------------------------------------
     async def health(self) -> JSONResponse:
@@ -226,7 +238,10 @@ class Handlers:
             temperature=0.0,  # a translation should not vary from call to call
             stop=("\n",),  # the template puts the translation on one line
         )
-        delta = await self.generate_all(request, engine, prompt_ids, generation)
+        record = {"source_lang": body.source_lang, "target_lang": body.target_lang}
+        delta = await self.generate_all(
+            request, engine, prompt_ids, generation, record={**record, "text": body.text}
+        )
         return TranslateResponse(
             translation=delta.text.strip(),
             source_lang=body.source_lang,
@@ -272,10 +287,13 @@ class Handlers:
             ignore_eos=body.ignore_eos,
             min_tokens=body.min_tokens,
         )
+        record = {"text": body.prompt if isinstance(body.prompt, str) else None}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return await self.stream(request, engine, prompt_ids, generation, include_usage)
-        delta = await self.generate_all(request, engine, prompt_ids, generation)
+            return await self.stream(
+                request, engine, prompt_ids, generation, include_usage, record=record
+            )
+        delta = await self.generate_all(request, engine, prompt_ids, generation, record=record)
         response_id = f"cmpl-{uuid.uuid4().hex}"
         return JSONResponse(
             {
@@ -287,18 +305,30 @@ class Handlers:
 
     # --- generation ----------------------------------------------------------------------
     async def generate_all(
-        self, request: Request, engine: Engine, prompt_ids: list[int], generation: Generation
+        self,
+        request: Request,
+        engine: Engine,
+        prompt_ids: list[int],
+        generation: Generation,
+        *,
+        record: dict[str, str | None],
     ) -> Delta:
         self.admit(engine)
+        pending = self.begin_record(**record)
         try:
             outputs = engine.generate(prompt_ids, generation, uuid.uuid4().hex, stream=False)
-            return await until_disconnected(request, last(outputs))
+            delta = await until_disconnected(request, last(outputs))
+            if pending is not None:
+                pending.finish(delta.prompt_tokens, len(delta.token_ids))
+            return delta
         except ClientGone:
             raise
         except Exception as error:
             raise engine_error(error) from error
         finally:
             self.release()
+            if pending is not None:
+                pending.drop()  # no-op after finish(); a failed request is not recorded
 
     async def stream(
         self,
@@ -307,8 +337,11 @@ class Handlers:
         prompt_ids: list[int],
         generation: Generation,
         include_usage: bool,
+        *,
+        record: dict[str, str | None],
     ) -> StreamingResponse:
         self.admit(engine)
+        pending = self.begin_record(**record)
         response_id = f"cmpl-{uuid.uuid4().hex}"
         deltas = engine.generate(prompt_ids, generation, response_id, stream=True)
         try:
@@ -318,19 +351,26 @@ class Handlers:
         except BaseException as error:
             await deltas.aclose()
             self.release()
+            if pending is not None:
+                pending.drop()
             if isinstance(error, ClientGone):
                 raise
             if isinstance(error, Exception):
                 raise engine_error(error) from error
             raise
         return StreamingResponse(
-            self.sse(response_id, first, deltas, include_usage),
+            self.sse(response_id, first, deltas, include_usage, pending),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
 
     async def sse(
-        self, response_id: str, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool
+        self,
+        response_id: str,
+        first: Delta,
+        deltas: AsyncIterator[Delta],
+        include_usage: bool,
+        pending: Pending | None = None,
     ) -> AsyncIterator[str]:
         """`data: {...}` events, then `data: [DONE]`. If the client goes, Starlette cancels
         this generator; the cancellation reaches AsyncLLM.generate, which aborts the request."""
@@ -343,6 +383,8 @@ class Handlers:
                 completion_tokens += len(delta.token_ids)
                 yield sse_event({**envelope, "choices": [choice(delta)]})
                 delta = await anext(deltas, None)
+            if pending is not None:
+                pending.finish(prompt_tokens, completion_tokens)
             if include_usage:
                 final = usage(prompt_tokens, completion_tokens).model_dump()
                 yield sse_event({**envelope, "choices": [], "usage": final})
@@ -353,6 +395,8 @@ class Handlers:
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
             self.release()
+            if pending is not None:
+                pending.drop()  # no-op after finish(); a cut-short stream is not recorded
 
     def envelope(self, response_id: str) -> dict[str, Any]:
         return {
@@ -521,7 +565,9 @@ def create_app(
     cannot start (the CLI uses it to stop uvicorn and exit non-zero)."""
     holder = EngineHolder()
     metrics = ServerMetrics()
-    handlers = Handlers(config, holder, metrics)
+    settings = config.serving.recorder
+    recorder = TrafficRecorder(settings) if settings is not None else None
+    handlers = Handlers(config, holder, metrics, recorder)
 
     async def start_engine() -> None:
         try:
@@ -541,6 +587,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         starting = asyncio.create_task(start_engine(), name="engine-start")
+        if recorder is not None:
+            await recorder.start()
         try:
             yield
         finally:
@@ -550,6 +598,8 @@ def create_app(
             if holder.engine is not None:
                 holder.engine.shutdown()
                 holder.engine = None
+            if recorder is not None:
+                await recorder.stop()  # writes what is still buffered
 
     app = FastAPI(
         title="vllm-autotune server",

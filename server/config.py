@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 if TYPE_CHECKING:  # importing vLLM takes seconds; only the functions that need it do
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -72,6 +80,36 @@ class ConfigError(ValueError):
         super().__init__(message)
 
 
+class RecorderSettings(BaseModel):
+    """The traffic recorder (`serving.recorder`): the server writes its own requests as a trace
+    (see `server.recorder`). Sizes are bytes; the oldest files go once the total is exceeded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    directory: str
+    """Where the trace files go (created if missing); one directory per server process."""
+    max_file_bytes: int = Field(default=16 * 2**20, ge=4096)
+    """A file is closed and a new one started before it would grow past this."""
+    max_total_bytes: int = Field(default=1 * 2**30, ge=4096)
+    """Disk budget for the directory's trace files; the oldest files are deleted beyond it."""
+    record_text: bool = False
+    """Also keep each /translate text (and /v1/completions text prompt) in a `.text.jsonl` file
+    beside each trace file. Off by default: traces hold token counts, never what users wrote."""
+    flush_interval_s: float = Field(default=1.0, gt=0, le=60)
+    """Buffered records are written at least this often, off the request path."""
+    flush_lines: int = Field(default=1000, ge=1)
+    """... or as soon as this many are waiting."""
+
+    @model_validator(mode="after")
+    def _budget_holds_a_file(self) -> RecorderSettings:
+        if self.max_total_bytes < self.max_file_bytes:
+            raise ValueError(
+                f"max_total_bytes ({self.max_total_bytes}) must be at least max_file_bytes "
+                f"({self.max_file_bytes})"
+            )
+        return self
+
+
 class ServingSettings(BaseModel):
     """Our server's own settings (not vLLM's): `additional-config.vllm_autotune.serving`."""
 
@@ -83,6 +121,8 @@ class ServingSettings(BaseModel):
     """Admission limit: with this many requests already waiting, answer 503 + Retry-After."""
     max_input_chars: int = Field(default=8000, ge=1)
     """Longest /translate text accepted."""
+    recorder: RecorderSettings | None = None
+    """Record the served traffic as a trace (for `autotune drift` / `autotune retune`)."""
 
 
 def snake(key: str) -> str:

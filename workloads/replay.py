@@ -531,14 +531,23 @@ class _Replay:
 
     async def _timed(self, first_body: bytes | None) -> None:
         offsets_s = self.trace.timestamps_ms / 1000.0 / self.speedup
-        for i in range(self._last_index()):
-            # Build the body while waiting for the deadline, not after it.
-            body = first_body if i == 0 and first_body is not None else self.body(i)
+        last = self._last_index()
+        body = first_body
+        for i in range(last):
             scheduled_s = float(offsets_s[i])
+            # Built while waiting for the previous deadline, not after this one.
+            if body is None:
+                body = self.body(i)
             delay = self.t0 + scheduled_s - time.monotonic()
-            # Also yields when late, so the request just launched starts before the next.
-            await asyncio.sleep(max(delay, 0.0))
+            if delay > 0:
+                await asyncio.sleep(delay)
             self._launch(i, scheduled_s, body)
+            body = None
+            # Let the request just launched start before building the next one, unless the
+            # next is already due: when behind (a burst, a stall), launch every due request
+            # in one go rather than one per loop turn, or the backlog never drains.
+            if i + 1 < last and self.t0 + float(offsets_s[i + 1]) > time.monotonic():
+                await asyncio.sleep(0)
         while self.in_flight:
             await asyncio.wait(list(self.in_flight))
 

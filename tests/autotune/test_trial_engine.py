@@ -82,9 +82,11 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert len(metrics.timeline) >= WINDOW_S * 0.8  # one sample a second
     assert metrics.num_running_max is not None and metrics.num_running_max >= 1
     assert metrics.kv_cache_usage_max is not None and 0 < metrics.kv_cache_usage_max <= 1
-    # Client and server agree on E2E to within the client's own overheads.
+    # The server sees each request inside the client's span of it (send .. [DONE]), so its
+    # means cannot exceed the client's: a diff against the wrong scrape would break this.
     assert outcome.summary is not None
-    assert metrics.e2e_mean_ms == pytest.approx(outcome.summary.mean_e2el_ms, rel=0.25)
+    assert metrics.e2e_mean_ms <= outcome.summary.mean_e2el_ms
+    assert metrics.ttft_mean_ms <= outcome.summary.mean_ttft_ms
 
     timing = outcome.timing
     assert timing is not None
