@@ -85,13 +85,9 @@ def list_segments(directory: str | os.PathLike[str]) -> list[Segment]:
         key = (int(match["start"]), int(match["number"]))
         (texts if match["text"] else traces)[key] = Path(entry.path)
     keys = sorted(set(traces) | set(texts))
+    directory = Path(directory)
     return [
-        Segment(
-            key[0],
-            key[1],
-            traces.get(key, texts[key].with_name(segment_name(*key))),
-            texts.get(key),
-        )
+        Segment(key[0], key[1], traces.get(key) or directory / segment_name(*key), texts.get(key))
         for key in keys
     ]
 

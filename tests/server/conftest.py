@@ -20,7 +20,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.config import ServerConfig, ServingSettings, default_engine_settings
+from server.config import (
+    RecorderSettings,
+    ServerConfig,
+    ServingSettings,
+    default_engine_settings,
+)
 
 API_KEY = "test-token"
 MAX_NUM_SEQS = 4
@@ -74,7 +79,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     config = ServerConfig(
         engine={**default_engine_settings(), "max_num_seqs": MAX_NUM_SEQS},
         api_key=API_KEY,
-        serving=ServingSettings(max_waiting_requests=MAX_WAITING),
+        serving=ServingSettings(
+            max_waiting_requests=MAX_WAITING,
+            # The recorder runs in every HTTP test, as in production; test_recorder_http reads it.
+            recorder=RecorderSettings(directory=str(folder / "traffic"), flush_interval_s=0.2),
+        ),
         provenance={"purpose": "tests/server"},
     )
     config_path = folder / "config.yaml"
