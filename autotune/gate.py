@@ -97,7 +97,7 @@ def bootstrap_median_diff(
     return float(np.quantile(diffs, tail)), float(np.quantile(diffs, 1.0 - tail))
 
 
-def _stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
+def candidate_stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
     values = [run.value for run in sorted(runs, key=lambda run: run.repeat)]
     median = statistics.median(values)
     spread = (max(values) - min(values)) / median if median > 0 else None
@@ -131,7 +131,7 @@ def decide(
         by_candidate.setdefault(run.candidate, []).append(run)
     if baseline not in by_candidate:
         raise ValueError(f"no measurement of the baseline {baseline!r}")
-    stats = {name: _stats(name, runs) for name, runs in by_candidate.items()}
+    stats = {name: candidate_stats(name, runs) for name, runs in by_candidate.items()}
     base = stats[baseline]
     noise = base.relative_spread
     eligible = [s for name, s in stats.items() if name != baseline and s.eligible]

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
-from autotune.gate import BASELINE, GateDecision, Measurement
+from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
 from autotune.objective import Objective
 from autotune.progress import format_duration
 from autotune.study import atomic_write_text, is_baseline, trial_label
@@ -222,7 +222,11 @@ def _validation_section(inputs: ReportInputs) -> list[str]:
     objective = inputs.objective
     base = decision.baseline_median
     rows = []
-    for stats in decision.stats:
+    measured = {s.candidate for s in decision.stats}
+    # Side-by-side comparisons (--compare) are measured with the rest but never decided on.
+    others = list(dict.fromkeys(m.candidate for m in inputs.measurements if m.candidate not in measured))
+    extra = [candidate_stats(name, [m for m in inputs.measurements if m.candidate == name]) for name in others]
+    for stats in [*decision.stats, *extra]:
         change = None if not base or stats.candidate == BASELINE else (stats.median - base) / base
         rows.append(
             [

@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len (default: the model's; 2048 for the embedded model)")
     add("--baseline", type=Path, default=None, metavar="FILE.yaml",
         help="the config you run today (a server/vllm serve config); default: vLLM's defaults")
+    add("--compare", type=Path, action="append", default=None, metavar="FILE.yaml",
+        help="another config to measure beside the baseline and the top K on the held-out "
+             "window (repeatable; e.g. your hand-tuned config); reported, never exported")
     add("--space", type=Path, default=None, metavar="FILE.yaml",
         help="widen/narrow/add searched engine arguments and relations (see autotune/space.py)")
     add("--slo", action="append", default=None, metavar="METRIC_pPCT_ms=MS",
@@ -115,6 +118,7 @@ def plan_study(
     from autotune.objective import default_slos, parse_objective
     from autotune.space import SearchSpace, engine_argument_names
     from autotune.study import StudyOptions, check_writable
+    from server.config import ServerConfig
     from workloads.profile import format_profile, profile_trace
     from workloads.slo import parse_slos
     from workloads.trace import load_trace
@@ -131,6 +135,10 @@ def plan_study(
         space = SearchSpace.default(accelerator)
         space.check_names(known)
     baseline, baseline_source = load_baseline(args)
+    comparisons = {
+        f"compare-{path.stem}": apply_model_flags(ServerConfig.load(path), args)
+        for path in (args.compare or [])
+    }
     trace = load_trace(args.workload)
     tuning, holdout, windows = select_windows(trace, args.tuning_window, args.holdout_window)
     profile = profile_trace(trace)
@@ -162,6 +170,7 @@ def plan_study(
         "space": space,
         "baseline": baseline,
         "baseline_source": baseline_source,
+        "comparisons": comparisons,
         "tuning": tuning,
         "holdout": holdout,
         "workload": workload,
@@ -193,14 +202,29 @@ def load_baseline(args: argparse.Namespace) -> tuple[Any, str]:
                 engine.pop(key, None)
         baseline = ServerConfig(engine=engine)
         source = "vLLM's defaults (no engine overrides)"
-    engine = dict(baseline.engine)
+    return apply_model_flags(baseline, args), source
+
+
+def apply_model_flags(config: Any, args: argparse.Namespace) -> Any:
+    """--model / --load-format / --max-model-len apply to every config measured."""
+    engine = dict(config.engine)
     if args.model is not None:
         engine["model"] = args.model
     if args.load_format is not None:
         engine["load_format"] = args.load_format
     if args.max_model_len is not None:
         engine["max_model_len"] = args.max_model_len
-    return baseline.model_copy(update={"engine": engine, "provenance": None}), source
+    model_dir = Path(str(engine.get("model", "")))
+    if model_dir.is_dir() and not has_tokenizer(model_dir):
+        # Shape-only model folders (config.json alone) run without a tokenizer: token-id
+        # prompts only, which is all the replayer sends.
+        engine["skip_tokenizer_init"] = True
+    return config.model_copy(update={"engine": engine, "provenance": None})
+
+
+def has_tokenizer(model_dir: Path) -> bool:
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+    return any((model_dir / name).exists() for name in names)
 
 
 def resolve_defaults(baseline: Any) -> dict[str, Any]:
@@ -238,6 +262,7 @@ def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) ->
         tuning_window=plan["tuning"],
         holdout_window=plan["holdout"],
         runner=runner,
+        comparisons=plan["comparisons"],
         effective_defaults=effective,
         study_attrs={"workload_fingerprint": plan["workload"]["fingerprint"]},
         reap=reap,

@@ -158,6 +158,7 @@ class TuningStudy:
         tuning_window: Trace,
         holdout_window: Trace,
         runner: Runner,
+        comparisons: dict[str, ServerConfig] | None = None,
         effective_defaults: dict[str, Any] | None = None,
         study_attrs: dict[str, Any] | None = None,
         reap: Callable[[Path], list[int]] | None = None,
@@ -175,6 +176,9 @@ class TuningStudy:
         self.tuning_window = tuning_window
         self.holdout_window = holdout_window
         self.runner = runner
+        # Configs measured beside the baseline in validation (e.g. the user's hand-tuned one):
+        # reported side by side, never eligible for export.
+        self.comparisons = dict(comparisons or {})
         self.effective_defaults = dict(effective_defaults or {})
         self.study_attrs = dict(study_attrs or {})
         self.reap = reap
@@ -522,6 +526,7 @@ class TuningStudy:
         candidates: dict[str, ServerConfig] = {BASELINE: self.trial_config({})}
         for trial in top:
             candidates[trial_label(trial.number)] = self.trial_config(trial.user_attrs.get("overrides", {}))
+        candidates.update(self.comparisons)
         run_dirs: dict[str, list[Path]] = {name: [] for name in candidates}
         measurements: list[Measurement] = []
         start = self.clock()
@@ -559,7 +564,8 @@ class TuningStudy:
                 f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
                 f"{evaluation.score:.3g} {self.objective.unit} {self.objective.label}, {status}"
             )
-        decision = decide(measurements, seed=options.seed)
+        searched = [m for m in measurements if m.candidate not in self.comparisons]
+        decision = decide(searched, seed=options.seed)
         return ValidationResult(
             measurements, decision, candidates, run_dirs, self.clock() - start, server_s
         )

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from workloads.errors import WorkloadError
+from workloads.prompts import PromptFactory
 from workloads.replay import ReplayMode, ReplaySummary, replay, summarize
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
@@ -155,6 +156,22 @@ def test_request_body_has_exact_prompt_length_and_benchmark_fields(echo: str) ->
     run(trace, f"{echo}/tag=plain", benchmark_mode=False)
     body = stats(echo, "plain")["last_body"]
     assert "ignore_eos" not in body and "min_tokens" not in body and "model" not in body
+
+
+def test_requests_sharing_hash_ids_send_the_same_leading_tokens(echo: str) -> None:
+    requests = [
+        TraceRequest(timestamp=0, input_length=600, output_length=1, hash_ids=[5, 6]),
+        TraceRequest(timestamp=1, input_length=700, output_length=1, hash_ids=[5, 9]),
+    ]
+    run(Trace.from_requests(requests), f"{echo}/tag=prefix")
+    head = stats(echo, "prefix")["last_body"]["prompt_head"]  # the second request's
+    assert head == PromptFactory().prompt(0, 600, [5, 6])[: len(head)]
+    assert head != PromptFactory().prompt(1, 700)[: len(head)]
+
+
+def test_an_empty_trace_gives_an_empty_result(echo: str) -> None:
+    result = run(Trace.from_requests([]), f"{echo}/tag=empty")
+    assert result.records == [] and result.summary.completed == 0
 
 
 # -- schedules ------------------------------------------------------------------------------

@@ -1,0 +1,631 @@
+"""`autotune retune`: re-tune the deployed config when the traffic has drifted.
+
+    autotune retune --current TRAFFIC --config deployed.yaml [--force] [--dry-run]
+
+1. Drift check: the current traffic (a trace, or the server recorder's folder) against the
+   profile stored in the deployed config's provenance (or `--reference`). No drift and no
+   `--force`: exit 0, nothing launched.
+2. A study warm-started from the previous one: the deployed config is the baseline (trial 0,
+   and what the gate compares against); then the previous study's best trials and the
+   deployed config's neighbours (one step along each searched parameter) are enqueued before
+   the sampler proposes anything. `autotune run`'s own `plan_study` / `execute` run it.
+3. Only a config that beats the deployed one in the gate is written: `best-v{N}.yaml` and,
+   atomically, `best.yaml` beside it (the deployment reads `best.yaml`). Its provenance holds
+   the profile of the traffic it was tuned on, which the next `retune` compares against.
+
+Exit status, for a scheduler: 0 no drift (nothing done), 10 a new config was written (restart
+the servers), 11 drift but the deployed config stays (no winner), 3 drift found in --dry-run,
+2 bad input, 1 failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import shutil
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.run_cli import (
+    DEFAULT_HOLDOUT_S,
+    DEFAULT_REPEATS,
+    DEFAULT_TOP_K,
+    DEFAULT_TRIALS,
+    DEFAULT_TUNING_S,
+)
+from server.config import ServerConfig
+
+EXIT_NO_DRIFT = 0
+EXIT_NEW_CONFIG = 10
+EXIT_KEPT_DEPLOYED = 11
+EXIT_DRY_RUN_DRIFT = 3  # as `autotune drift`
+DEFAULT_WARM_START = 4
+PREVIOUS_BEST = 2  # of the warm-start trials, at most this many from the previous study
+VERSION = re.compile(r"^best-v(\d+)\.yaml$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "retune",
+        help="re-tune the deployed config if the traffic drifted (exit 10: new best.yaml)",
+        description=(
+            "Check the current traffic for drift against the deployed config's tuning traffic; "
+            "if it drifted (or with --force), run a study warm-started from the deployed config "
+            "and write best-v{N}.yaml + best.yaml only if a config beats the deployed one. "
+            "Exit status: 0 no drift, 10 new config written, 11 drift but the deployed config "
+            "stays, 3 drift found (--dry-run), 2 bad input, 1 failure."
+        ),
+    )
+    add = parser.add_argument
+    add(
+        "--current",
+        required=True,
+        type=Path,
+        metavar="TRACE|DIR",
+        help="current traffic: a JSONL trace, or the server recorder's folder",
+    )
+    add(
+        "--config",
+        required=True,
+        type=Path,
+        metavar="DEPLOYED.yaml",
+        help="the config the servers run now (an exported best.yaml)",
+    )
+    add(
+        "--reference",
+        type=Path,
+        default=None,
+        metavar="REF",
+        help="drift reference (trace, profile .json or best.yaml); default: the profile in "
+        "--config's provenance, else the trace it was tuned on",
+    )
+    add("--force", action="store_true", help="re-tune even without drift")
+    add("--dry-run", action="store_true", help="check drift and print the plan; start no server")
+    add(
+        "--output-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where best-v{N}.yaml, best.yaml and the study folder go (default: --config's folder)",
+    )
+    add(
+        "--trials",
+        type=int,
+        default=DEFAULT_TRIALS,
+        metavar="N",
+        help="trials in the search, the deployed baseline and warm starts included "
+        "(default: %(default)s)",
+    )
+    add(
+        "--warm-start",
+        type=int,
+        default=DEFAULT_WARM_START,
+        metavar="N",
+        help="trials enqueued after the baseline: the previous study's best and the deployed "
+        "config's neighbours (default: %(default)s)",
+    )
+    add(
+        "--time-budget",
+        default=None,
+        metavar="DURATION",
+        help="stop starting search trials after this long, e.g. 30m (default: --trials decides)",
+    )
+    add(
+        "--slo",
+        action="append",
+        default=None,
+        metavar="METRIC_pPCT_ms=MS",
+        help="an SLO, repeatable (default: the SLOs the deployed config was tuned under)",
+    )
+    add(
+        "--objective",
+        default=None,
+        help="goodput, throughput or pareto[:METRIC_pPCT] (default: the deployed config's)",
+    )
+    add(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="Optuna storage URL (default: sqlite in the study folder)",
+    )
+    add("--study-name", default=None, help="Optuna study name (default: retune-v{N}-<UTC time>)")
+    add("--space", type=Path, default=None, metavar="FILE.yaml", help="search space file")
+    add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
+    add(
+        "--tuning-window",
+        type=float,
+        default=DEFAULT_TUNING_S,
+        metavar="S",
+        help="seconds of trace per search trial (default: %(default)s)",
+    )
+    add(
+        "--holdout-window",
+        type=float,
+        default=DEFAULT_HOLDOUT_S,
+        metavar="S",
+        help="seconds of held-out trace per validation run (default: %(default)s)",
+    )
+    add(
+        "--top-k",
+        type=int,
+        default=DEFAULT_TOP_K,
+        metavar="K",
+        help="configs validated against the deployed one (default: %(default)s)",
+    )
+    add(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        metavar="R",
+        help="validation repeats per config (default: %(default)s)",
+    )
+    add(
+        "--mode",
+        default="timed",
+        metavar="timed|concurrency=N",
+        help="replay mode (default: %(default)s)",
+    )
+    add("--speedup", type=float, default=1.0, help="replay speed-up (default: %(default)s)")
+    add(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds a server may take to become ready (default: %(default)s)",
+    )
+    add("--ks-threshold", type=float, default=None, help="drift: KS statistic threshold")
+    add("--rate-threshold", type=float, default=None, help="drift: relative rate change")
+    add(
+        "--burstiness-threshold",
+        type=float,
+        default=None,
+        help="drift: relative change of the inter-arrival CV",
+    )
+    add(
+        "--concurrency-threshold",
+        type=float,
+        default=None,
+        help="drift: relative change of mean concurrency",
+    )
+    parser.set_defaults(func=retune_command)
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+def load_current(path: Path) -> Any:
+    """The current traffic: a trace file, or a recorder folder (all its files, one time line)."""
+    from workloads.trace import load_trace
+
+    if path.is_dir():
+        from server.recorder import read_recording
+
+        return read_recording(path)
+    return load_trace(path)
+
+
+def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tuple[Any, str]:
+    """(reference, where it came from): --reference, else the deployed config's stored
+    profile, else the trace the deployed config was tuned on if it is still there."""
+    from workloads.drift import load_reference
+    from workloads.profile import TraceProfile
+    from workloads.trace import load_trace
+
+    if args.reference is not None:
+        return load_reference(args.reference), str(args.reference)
+    provenance = deployed.provenance or {}
+    if isinstance(provenance.get("profile"), dict):
+        profile = TraceProfile.model_validate(provenance["profile"])
+        if profile.length_sample.input_lengths:
+            return profile, f"{args.config} (provenance.profile)"
+    source = (provenance.get("workload") or {}).get("source")
+    if source and Path(source).is_file():
+        return load_trace(source), f"{source} (the trace {args.config} was tuned on)"
+    raise AutotuneError(
+        f"{args.config}: key 'additional-config.vllm_autotune.provenance.profile' is missing "
+        f"and the tuning trace {source!r} is not readable; pass --reference TRACE"
+    )
+
+
+def drift_thresholds(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from workloads.drift import DriftThresholds
+
+    given = {
+        "ks_statistic": args.ks_threshold,
+        "rate_change": args.rate_threshold,
+        "burstiness_change": args.burstiness_threshold,
+        "concurrency_change": args.concurrency_threshold,
+    }
+    try:
+        return DriftThresholds(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise AutotuneError(
+            f"drift threshold {first['loc'][0]} = {first.get('input')!r}: {first['msg']}"
+        ) from None
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    if args.trials < 1:
+        raise AutotuneError(f"--trials {args.trials}: must be at least 1 (the deployed config)")
+    if args.warm_start < 0:
+        raise AutotuneError(f"--warm-start {args.warm_start}: must be 0 or more")
+    if args.top_k < 1 or args.repeats < 1:
+        raise AutotuneError("--top-k and --repeats must be at least 1")
+    if not args.current.exists():
+        raise AutotuneError(f"--current {args.current}: no such trace file or recorder folder")
+
+
+# -- versions -------------------------------------------------------------------------------
+
+
+def existing_versions(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(m[1]) for p in directory.iterdir() if (m := VERSION.match(p.name)))
+
+
+def next_version(directory: Path) -> int:
+    versions = existing_versions(directory)
+    return (versions[-1] if versions else 0) + 1
+
+
+def atomic_copy(source: Path, target: Path) -> None:
+    """`target` becomes a copy of `source` in one step (temp file in its folder + rename)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            shutil.copyfileobj(src, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- warm start -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A trial enqueued before the sampler's own: Optuna params and why."""
+
+    params: dict[str, Any]
+    why: str
+
+
+def step_values(param: Any, value: Any) -> list[Any]:
+    """Values one step below and above `value` in the parameter's own terms."""
+    if param.type == "categorical":
+        return [choice for choice in param.choices if choice != value]
+    if param.type == "pow2":
+        candidates: list[Any] = [int(value) // 2, int(value) * 2]
+    elif param.type == "int":
+        if param.log:
+            candidates = [max(1, round(value / 2)), int(value) * 2]
+        else:
+            step = max(int(param.step or 1), round(0.1 * (param.high - param.low)))
+            candidates = [int(value) - step, int(value) + step]
+    else:
+        delta = 0.1 * (param.high - param.low)
+        candidates = [round(value - delta, 4), round(value + delta, 4)]
+    return [c for c in candidates if c != value and param.contains(c)]
+
+
+def neighbours(space: Any, engine: dict[str, Any]) -> list[WarmStart]:
+    """The configs one step from `engine` along each searched parameter, the others kept;
+    interleaved (down, up per parameter) so a small budget still covers every parameter."""
+    base = space.fixed_params(engine)
+    found: list[WarmStart] = []
+    for name, param in space.params.items():
+        value = engine.get(name)
+        if value is None or not param.contains(value):
+            continue
+        for candidate in step_values(param, value):
+            context = {**engine, name: candidate}
+            if space.broken_relations(context):
+                continue
+            params = {**base, **space.fixed_params({name: candidate})}
+            found.append(WarmStart(params, f"neighbour {name} {value} -> {candidate}"))
+    return found
+
+
+def previous_best(deployed: ServerConfig, space: Any, engine: dict[str, Any]) -> list[WarmStart]:
+    """The previous study's best feasible trials, if its storage is still reachable."""
+    import optuna
+
+    from autotune.study import TuningStudy, is_baseline
+
+    study_info = (deployed.provenance or {}).get("study") or {}
+    name, storage = study_info.get("name"), study_info.get("storage")
+    if not name or not storage:
+        return []
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        return []  # do not let optuna create an empty database where the old one was
+    try:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.load_study(study_name=name, storage=storage)
+    except Exception as error:  # noqa: BLE001 - a missing old study only costs the warm start
+        print(
+            f"autotune: note: previous study {name!r} not readable ({error}); "
+            "warm start from neighbours only",
+            file=sys.stderr,
+        )
+        return []
+    trials = [t for t in study.get_trials(deepcopy=False) if TuningStudy.feasible(t)]
+    trials.sort(key=lambda t: (-float(t.user_attrs.get("score", 0.0)), t.number))
+    found = []
+    for trial in trials:
+        if is_baseline(trial):
+            continue
+        overrides = trial.user_attrs.get("overrides") or {}
+        params = space.fixed_params({**engine, **overrides})
+        found.append(WarmStart(params, f"previous study {name} trial {trial.number}"))
+    return found
+
+
+def warm_start_trials(
+    deployed: ServerConfig, space: Any, effective: dict[str, Any], limit: int
+) -> list[WarmStart]:
+    """At most `limit` distinct warm starts, none equal to the deployed config itself."""
+    engine = {**effective, **{k: v for k, v in deployed.engine.items() if v is not None}}
+    own = space.fixed_params(engine)
+    chosen: list[WarmStart] = []
+    seen = [own]
+    for group, cap in (
+        (previous_best(deployed, space, engine), PREVIOUS_BEST),
+        (neighbours(space, engine), limit),
+    ):
+        taken = 0
+        for start in group:
+            if len(chosen) >= limit or taken >= cap:
+                break
+            if start.params in seen:
+                continue
+            seen.append(start.params)
+            chosen.append(start)
+            taken += 1
+    return chosen
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
+    """The CLI entry; `runner` replaces the TrialRunner (tests)."""
+    from workloads.drift import compare
+    from workloads.trace import TraceWarning
+
+    check_flags(args)
+    deployed = ServerConfig.load(args.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)  # a recording may be re-sorted; fine
+        current = load_current(args.current)
+    reference, reference_source = load_drift_reference(args, deployed)
+    report = compare(reference, current, drift_thresholds(args))
+    say(f"drift check against {reference_source}:")
+    say(report.format())
+    if not report.drifted and not args.force:
+        say(f"no drift: {args.config} stays deployed; nothing launched")
+        return EXIT_NO_DRIFT
+    why = "drift" if report.drifted else "no drift, but --force"
+
+    out_dir: Path = args.output_dir or args.config.resolve().parent
+    from autotune.study import check_writable
+
+    check_writable(out_dir)  # before any trial: a result that cannot be written is wasted
+    version = next_version(out_dir)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    study_name = args.study_name or f"retune-v{version}-{stamp}"
+    if args.dry_run:
+        with tempfile.TemporaryDirectory(prefix="retune-dry-run-") as scratch:
+            plan, warm = prepare(args, deployed, current, Path(scratch), study_name)
+        print_plan(plan, warm, out_dir / study_name, out_dir / f"best-v{version}.yaml", why)
+        return EXIT_DRY_RUN_DRIFT if report.drifted else EXIT_NO_DRIFT
+
+    work_dir = out_dir / study_name
+    plan, warm = prepare(args, deployed, current, work_dir, study_name)
+    say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {args.config})")
+    if runner is None:
+        from autotune.trial import TrialRunner
+
+        runner = TrialRunner(
+            mode=args.mode,
+            speedup=args.speedup,
+            slos=plan["slos"],
+            startup_timeout_s=args.startup_timeout,
+            stale_registry=work_dir / "servers.json",
+        )
+    run_study(plan, warm, runner=runner)
+    return publish(args, deployed, current, report, plan, warm, out_dir, version)
+
+
+def prepare(
+    args: argparse.Namespace,
+    deployed: ServerConfig,
+    current: Any,
+    work_dir: Path,
+    study_name: str,
+) -> tuple[dict[str, Any], list[WarmStart]]:
+    """`autotune run`'s plan for the current traffic with the deployed config as baseline,
+    and the warm-start trials. Writes the trace and the baseline into `work_dir`."""
+    from autotune.progress import parse_duration
+    from autotune.run_cli import plan_study, resolve_defaults
+    from workloads.trace import write_trace
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = args.current
+    if args.current.is_dir():
+        trace_path = work_dir / "current.jsonl"
+        write_trace(trace_path, current)
+    # Trial servers must not record into the production recorder's folder; the recorder
+    # setting is put back into the config that gets published.
+    baseline_path = work_dir / "deployed-baseline.yaml"
+    deployed.model_copy(
+        update={
+            "serving": deployed.serving.model_copy(update={"recorder": None}),
+            "provenance": None,
+        }
+    ).write(baseline_path, header=f"baseline for re-tuning: {args.config} (recorder off)")
+    provenance = deployed.provenance or {}
+    run_args = run_arguments(
+        workload=str(trace_path),
+        trials=args.trials,
+        study_name=study_name,
+        output_dir=work_dir,
+        storage=args.storage,
+        baseline=baseline_path,
+        space=args.space,
+        slo=args.slo or provenance.get("slos") or None,
+        objective=args.objective or provenance.get("objective") or "goodput",
+        seed=args.seed,
+        tuning_window=args.tuning_window,
+        holdout_window=args.holdout_window,
+        speedup=args.speedup,
+        top_k=args.top_k,
+        repeats=args.repeats,
+        mode=args.mode,
+        startup_timeout=args.startup_timeout,
+    )
+    budget = parse_duration(args.time_budget) if args.time_budget else None
+    plan = plan_study(run_args, study_name=study_name, output_dir=work_dir, time_budget_s=budget)
+    plan["effective_defaults"] = resolve_defaults(plan["baseline"])
+    limit = min(args.warm_start, max(0, args.trials - 1))
+    warm = warm_start_trials(deployed, plan["space"], plan["effective_defaults"], limit)
+    return plan, warm
+
+
+def run_arguments(**values: Any) -> argparse.Namespace:
+    """`autotune run`'s arguments as its own parser defaults them, with `values` on top (so
+    a flag added to `run` later gets its default here too)."""
+    from autotune import run_cli
+
+    parser = argparse.ArgumentParser(add_help=False)
+    run_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["run", "--workload", str(values["workload"])])
+    for name, value in values.items():
+        if not hasattr(args, name):
+            raise AssertionError(f"autotune run has no option {name!r}")  # a bug here, not input
+        setattr(args, name, value)
+    return args
+
+
+def run_study(plan: dict[str, Any], warm: list[WarmStart], *, runner: Any) -> None:
+    """Creates the study with the baseline and the warm starts queued, then lets `autotune
+    run`'s `execute` resume it (search, gate, export into the study folder)."""
+    from autotune.launcher import reap_stale_servers
+    from autotune.run_cli import execute
+    from autotune.study import TuningStudy
+
+    options = plan["options"]
+    tuning = TuningStudy(
+        options=options,
+        space=plan["space"],
+        objective=plan["objective"],
+        slos=plan["slos"],
+        baseline=plan["baseline"],
+        baseline_source=plan["baseline_source"],
+        tuning_window=plan["tuning"],
+        holdout_window=plan["holdout"],
+        runner=runner,
+        effective_defaults=plan["effective_defaults"],
+        study_attrs={"workload_fingerprint": plan["workload"]["fingerprint"], "retune": True},
+        say=say,
+    )
+    study = tuning.open()
+    # Queue order is trial order: the deployed config first (trial 0), then the warm starts.
+    # TODO(hook): TuningStudy(warm_start=[...]) would make this private call unnecessary.
+    tuning._enqueue_baseline(study)
+    for start in warm:
+        study.enqueue_trial(start.params, user_attrs={"warm_start": start.why})
+    options.resume = True  # execute() opens the study just created, queue included
+    argv = ["autotune", *sys.argv[1:]]
+    execute(plan, runner=runner, reap=reap_stale_servers, argv=argv)
+
+
+def publish(
+    args: argparse.Namespace,
+    deployed: ServerConfig,
+    current: Any,
+    report: Any,
+    plan: dict[str, Any],
+    warm: list[WarmStart],
+    out_dir: Path,
+    version: int,
+) -> int:
+    """Writes best-v{N}.yaml and best.yaml if the gate chose a config over the deployed one."""
+    from autotune.export import export_best, header_text
+    from workloads.profile import profile_trace
+
+    work_dir = plan["options"].output_dir
+    result = ServerConfig.load(work_dir / "best.yaml")
+    provenance = dict(result.provenance or {})
+    decision = provenance.get("decision") or {}
+    if decision.get("kept_baseline", True):
+        say(f"the deployed config stays: {decision.get('reason', 'no winner')}")
+        say(f"study and report: {work_dir}")
+        return EXIT_KEPT_DEPLOYED
+    provenance["profile"] = profile_trace(current).model_dump(mode="json")
+    provenance["retune"] = {
+        "version": version,
+        "previous_config": str(args.config),
+        "previous_date": (deployed.provenance or {}).get("date"),
+        "trigger": "drift" if report.drifted else "forced",
+        "drift": report.model_dump(mode="json"),
+        "warm_start": [start.why for start in warm],
+        "study_dir": str(work_dir),
+    }
+    # Serving settings as deployed (the recorder included), engine settings as tuned.
+    config = result.model_copy(update={"serving": deployed.serving, "provenance": None})
+    versioned = out_dir / f"best-v{version}.yaml"
+    export_best(versioned, config, provenance)
+    current_path = out_dir / "best.yaml"
+    if current_path.exists() and version == 1:
+        atomic_copy(current_path, out_dir / "best-v0.yaml")  # keep what ran before, for rollback
+    atomic_copy(versioned, current_path)
+    overrides = decision.get("overrides") or {}
+    say(header_text(provenance, versioned.name).splitlines()[1])
+    say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    say(f"wrote {versioned} and {current_path}; restart the servers to use it")
+    return EXIT_NEW_CONFIG
+
+
+def print_plan(
+    plan: dict[str, Any], warm: list[WarmStart], work_dir: Path, versioned: Path, why: str
+) -> None:
+    options = plan["options"]
+    tuning, holdout = plan["tuning"], plan["holdout"]
+    say(f"dry run ({why}): no server started. The re-tune would:")
+    say(f"  study {options.study_name} in {work_dir}")
+    say(
+        f"  baseline: {plan['baseline_source']} (the deployed config; the gate compares against it)"
+    )
+    say(f"  objective {plan['objective'].spec()}, SLOs {', '.join(s.spec() for s in plan['slos'])}")
+    say("  search: " + ", ".join(f"{k} ({v})" for k, v in plan["space"].describe().items()))
+    say(f"  {options.n_trials} trials: the baseline, {len(warm)} warm start(s), then the sampler")
+    for start in warm:
+        say(f"    - {start.why}")
+    say(
+        f"  windows: tuning {tuning.duration_s():.0f} s ({len(tuning)} requests), "
+        f"held-out {holdout.duration_s():.0f} s ({len(holdout)} requests)"
+    )
+    say(f"  gate: top {options.top_k} x {options.repeats} repeats against the baseline")
+    say(
+        f"  on a win: write {versioned} and {versioned.parent / 'best.yaml'} (exit 10); "
+        "else exit 11"
+    )
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
