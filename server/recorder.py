@@ -34,7 +34,9 @@ import re
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +253,10 @@ class TrafficRecorder:
         self.in_flight: dict[int, float] = {}  # ident -> arrival ms, until finished or dropped
         self._ready: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # One worker thread: writes never overlap, even if a flush's awaiter is cancelled.
+        self._executor: ThreadPoolExecutor | None = None
         self.recorded = 0  # lines handed to the writer
         self.write_errors = 0
 
@@ -296,24 +301,33 @@ class TrafficRecorder:
     # -- background writing ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        await asyncio.to_thread(Path(self.settings.directory).mkdir, parents=True, exist_ok=True)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="traffic-recorder")
+        await self._in_worker(Path(self.settings.directory).mkdir, parents=True, exist_ok=True)
         self._task = asyncio.create_task(self._flush_loop(), name="traffic-recorder")
 
     async def stop(self) -> None:
-        """Stops the flush loop and writes every finished request still buffered."""
+        """Ends the flush loop after its current write, then writes every finished request
+        still buffered (requests still in flight are not recorded)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._closing = True
+            self._wake.set()
+            await self._task
             self._task = None
         await self.flush(everything=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.flush_interval_s)
             self._wake.clear()
             await self.flush()
+
+    async def _in_worker(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(function, *args, **kwargs))
 
     def take_batch(self, *, everything: bool = False) -> list[dict[str, Any]]:
         """The buffered rows that can be written now, in arrival order; the rest stay."""
@@ -336,7 +350,7 @@ class TrafficRecorder:
         if not batch:
             return
         try:
-            await asyncio.to_thread(self.writer.write, batch)
+            await self._in_worker(self.writer.write, batch)
         except OSError as error:
             # A full or read-only disk must not take serving down: count, log, go on.
             self.write_errors += 1

@@ -31,15 +31,15 @@ Timing rules (the same as `vllm bench serve` unless said otherwise):
 
 HTTP client: one pooled `aiohttp.ClientSession` (HTTP/1.1 keep-alive; closed loop: N
 connections; timed: unbounded, so the pool never queues a request unseen). httpx was the
-first choice; `benchmarks/replayer_rate.py` measured both on the same server: httpx's
+first choice; `benchmarks/replayer_rate.py` measured both against the same server: httpx's
 connection pool costs client CPU per request that grows with the connections it holds
-(1.1 ms per streamed request at 16 in flight, 12.7 ms at 256, against 0.2-0.3 ms for
-aiohttp at both), so under overload, exactly the trials that matter, httpx would make the
+(1.1-1.6 ms per streamed request at 16 in flight, 13-16 ms at 256) against 0.2-0.3 ms for
+aiohttp at both, so under overload, exactly the trials that matter, httpx would make the
 client the bottleneck.
 
 Event loop: asyncio's default. uvloop was measured against it by the same benchmark and
-sustains the same rate within 2 ms send-lag p99 (1000 req/s each; uvloop uses ~10% less
-CPU and holds 10 ms lag to a higher rate), which does not justify a dependency; see
+sustained the same rate within 2 ms send-lag p99 (800 req/s each in the recorded run,
+1000 each in an earlier one), so it is not worth a dependency; see
 `results/benchmarks/replayer_rate.json`.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.config import ConfigError, RecorderSettings, ServerConfig
+from server.config import ConfigError, RecorderSettings, ServerConfig, ServingSettings
 from server.recorder import TrafficRecorder, list_segments, read_recording
 from workloads.profile import profile_trace
 from workloads.trace import TraceWarning, load_trace
@@ -271,14 +271,27 @@ def test_a_budget_smaller_than_one_file_is_a_config_error(tmp_path: Path) -> Non
 
 
 def test_recorder_settings_survive_the_config_file(tmp_path: Path) -> None:
-    config = ServerConfig(engine={"model": "m"}).model_copy(
-        update={
-            "serving": ServerConfig(engine={"model": "m"}).serving.model_copy(
-                update={"recorder": RecorderSettings(directory="/var/lib/traffic")}
-            )
-        }
-    )
+    settings = RecorderSettings(directory="/var/lib/traffic", max_file_bytes=8192)
+    config = ServerConfig(engine={"model": "m"}, serving=ServingSettings(recorder=settings))
     path = tmp_path / "config.yaml"
     config.write(path)
-    loaded = ServerConfig.load(path)
-    assert loaded.serving.recorder == RecorderSettings(directory="/var/lib/traffic")
+    assert ServerConfig.load(path).serving.recorder == settings
+
+
+def test_stop_during_busy_flushing_loses_nothing(tmp_path: Path) -> None:
+    # Found by the overhead benchmark: stopping while a write was in flight lost its lines.
+    settings = RecorderSettings(directory=str(tmp_path), flush_lines=50, flush_interval_s=0.01)
+
+    async def main() -> TrafficRecorder:
+        recorder = TrafficRecorder(settings)
+        await recorder.start()
+        for i in range(20_000):
+            recorder.begin().finish(1 + i % 100, 1)
+            if i % 100 == 0:
+                await asyncio.sleep(0)  # let the flush loop start writes mid-stream
+        await recorder.stop()
+        return recorder
+
+    recorder = asyncio.run(main())
+    assert recorder.recorded == 20_000
+    assert len(strict_load(list_segments(tmp_path)[0].path)) == 20_000

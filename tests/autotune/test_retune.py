@@ -1,0 +1,253 @@
+"""`autotune retune`'s own logic: drift gate, warm start, versioned output, exit codes.
+
+The trial runner is a fake here (what it measures is not the subject); the real engine
+end to end is in test_retune_engine.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune import retune
+from autotune.cli import USER_ERRORS
+from autotune.space import SearchSpace
+from autotune.trial import TrialOutcome, TrialTiming
+from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
+from workloads.profile import profile_trace
+from workloads.replay import ReplaySummary
+from workloads.synthetic import TranslationSpec, translation
+from workloads.trace import Trace, write_trace
+
+SLOS = ["ttft_p95_ms=1000", "tpot_p95_ms=100"]
+FAST = ["--tuning-window", "20", "--holdout-window", "15", "--top-k", "1", "--repeats", "2"]
+
+
+class NeverRun:
+    """A runner for paths that must not start any server."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise AssertionError("a server would have been started")
+
+
+class ScoringRunner:
+    """Goodput peaks at max_num_seqs=8 (as in test_study); remembers each engine it ran."""
+
+    def __init__(self, *, flat: bool = False) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.flat = flat
+
+    def run(self, config, window, trial_dir, *, should_prune=None):
+        self.seen.append(dict(config.engine))
+        assert config.serving.recorder is None, "trial servers must not record production traffic"
+        Path(trial_dir).mkdir(parents=True, exist_ok=True)
+        seqs = config.engine.get("max_num_seqs") or 128
+        distance = 0.0 if self.flat else abs(math.log2(seqs) - 3)
+        summary = ReplaySummary(
+            duration=10.0,
+            completed=20,
+            failed=0,
+            total_input_tokens=1000,
+            total_output_tokens=400,
+            request_throughput=2.0,
+            output_throughput=40.0,
+            total_token_throughput=140.0,
+            request_goodput=2.0 - 0.3 * distance,
+            p95_ttft_ms=400 + 100 * distance,
+            p95_tpot_ms=20.0,
+        )
+        timing = TrialTiming(launch_s=0.1, ready_s=1, warmup_s=0.5, measure_s=10, teardown_s=0.5)
+        return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
+
+
+def reference_trace() -> Trace:
+    return translation(TranslationSpec(duration_s=120, mean_rps=2), seed=0)
+
+
+def drifted_trace() -> Trace:
+    return translation(TranslationSpec(duration_s=120, mean_rps=6, median_input=120), seed=1)
+
+
+def deploy(folder: Path, *, max_num_seqs: int = 2, profile: bool = True) -> Path:
+    """A deployed best.yaml as `autotune run` would leave it, plus a recorder section."""
+    folder.mkdir(parents=True, exist_ok=True)
+    provenance: dict[str, Any] = {"slos": SLOS, "objective": "goodput", "date": "2025-01-01"}
+    if profile:
+        provenance["profile"] = profile_trace(reference_trace()).model_dump(mode="json")
+    config = ServerConfig(
+        engine={**default_engine_settings(), "max_num_seqs": max_num_seqs},
+        serving=ServingSettings(recorder=RecorderSettings(directory=str(folder / "traffic"))),
+        provenance=provenance,
+    )
+    path = folder / "best.yaml"
+    config.write(path)
+    return path
+
+
+def cli(argv: list[str], runner: Any) -> int:
+    """`autotune retune ARGV` as autotune.cli.main runs it (user errors -> 2)."""
+    parser = argparse.ArgumentParser()
+    retune.register(parser.add_subparsers())
+    args = parser.parse_args(["retune", *map(str, argv)])
+    try:
+        return retune.retune_command(args, runner=runner)
+    except USER_ERRORS:
+        return 2
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> dict[str, Path]:
+    paths = {"same": tmp_path / "same.jsonl", "drifted": tmp_path / "drifted.jsonl"}
+    write_trace(paths["same"], reference_trace())
+    write_trace(paths["drifted"], drifted_trace())
+    return paths
+
+
+def test_no_drift_launches_nothing_and_writes_nothing(tmp_path, traces, capsys) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    before = sorted(p.name for p in deployed.parent.iterdir())
+    runner = NeverRun()
+    assert cli(["--current", traces["same"], "--config", deployed], runner) == 0
+    assert runner.calls == 0
+    assert sorted(p.name for p in deployed.parent.iterdir()) == before
+    assert "no drift" in capsys.readouterr().out
+
+
+def test_dry_run_reports_drift_and_the_plan_without_a_server(tmp_path, traces, capsys) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    before = sorted(p.name for p in deployed.parent.iterdir())
+    runner = NeverRun()
+    code = cli(["--current", traces["drifted"], "--config", deployed, "--dry-run", *FAST], runner)
+    assert code == retune.EXIT_DRY_RUN_DRIFT
+    assert runner.calls == 0
+    assert sorted(p.name for p in deployed.parent.iterdir()) == before
+    out = capsys.readouterr().out
+    assert "DRIFT" in out and "neighbour max_num_seqs 2 -> 4" in out
+    assert "ttft_p95_ms=1000" in out  # the deployed config's SLOs are kept
+
+
+def test_drift_retunes_from_the_deployed_config_and_publishes_a_winner(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy", max_num_seqs=2)
+    original = deployed.read_text()
+    runner = ScoringRunner()
+    argv = ["--current", traces["drifted"], "--config", deployed, "--trials", "4", *FAST]
+    assert cli(argv, runner) == retune.EXIT_NEW_CONFIG
+
+    # Trial 0 was the deployed config as deployed; the warm starts came next, in order.
+    assert runner.seen[0] == ServerConfig.load(deployed.parent / "best-v0.yaml").engine
+    [study_dir] = [p for p in deployed.parent.iterdir() if p.name.startswith("retune-v1-")]
+    study = optuna.load_study(
+        study_name=study_dir.name, storage=f"sqlite:///{study_dir / 'study.db'}"
+    )
+    assert study.trials[0].user_attrs["baseline"] is True
+    assert [t.user_attrs.get("warm_start") for t in study.trials[1:3]] == [
+        "neighbour max_num_seqs 2 -> 1",
+        "neighbour max_num_seqs 2 -> 4",
+    ]
+    assert [engine["max_num_seqs"] for engine in runner.seen[1:3]] == [1, 4]
+
+    # The winner is versioned, best.yaml is the same file, the old one kept for rollback.
+    new = deployed.parent / "best-v1.yaml"
+    assert new.read_text() == deployed.read_text()
+    assert (deployed.parent / "best-v0.yaml").read_text() == original
+    config = ServerConfig.load(new)
+    assert config.engine["max_num_seqs"] != 2
+    assert config.serving.recorder is not None  # serving settings as deployed
+    assert config.provenance["retune"]["trigger"] == "drift"
+    # Its provenance holds the new traffic's profile: retuning again on it finds no drift.
+    assert cli(["--current", traces["drifted"], "--config", deployed], NeverRun()) == 0
+
+
+def test_drift_without_a_better_config_keeps_the_deployed_one(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    original = deployed.read_text()
+    argv = ["--current", traces["drifted"], "--config", deployed, "--trials", "3", *FAST]
+    assert cli(argv, ScoringRunner(flat=True)) == retune.EXIT_KEPT_DEPLOYED
+    assert deployed.read_text() == original
+    assert not list(deployed.parent.glob("best-v*.yaml"))
+
+
+def test_force_retunes_without_drift(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    runner = ScoringRunner()
+    argv = ["--current", traces["same"], "--config", deployed, "--force", "--trials", "3", *FAST]
+    assert cli(argv, runner) == retune.EXIT_NEW_CONFIG
+    assert runner.seen
+    config = ServerConfig.load(deployed)
+    assert config.provenance["retune"]["trigger"] == "forced"
+
+
+def test_a_recorder_folder_is_accepted_as_current_traffic(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    recording = tmp_path / "traffic"
+    recording.mkdir()
+    write_trace(recording / "traffic-1700000000000-000000.jsonl", reference_trace())
+    assert cli(["--current", recording, "--config", deployed], NeverRun()) == 0
+
+
+def test_output_dir_leaves_the_deployed_folder_alone(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    before = sorted(p.name for p in deployed.parent.iterdir())
+    out = tmp_path / "versions"
+    argv = [
+        "--current",
+        traces["drifted"],
+        "--config",
+        deployed,
+        "--output-dir",
+        out,
+        "--trials",
+        "3",
+        *FAST,
+    ]
+    assert cli(argv, ScoringRunner()) == retune.EXIT_NEW_CONFIG
+    assert sorted(p.name for p in deployed.parent.iterdir()) == before
+    assert (out / "best-v1.yaml").read_text() == (out / "best.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--current", "missing.jsonl"],
+        ["--trials", "0"],
+        ["--ks-threshold", "7"],
+    ],
+)
+def test_bad_input_is_exit_2(tmp_path, traces, argv) -> None:
+    deployed = deploy(tmp_path / "deploy")
+    full = ["--current", traces["drifted"], "--config", deployed, *argv]
+    assert cli(full, NeverRun()) == 2
+
+
+def test_a_config_without_a_reference_asks_for_one(tmp_path, traces, capsys) -> None:
+    deployed = deploy(tmp_path / "deploy", profile=False)
+    assert cli(["--current", traces["drifted"], "--config", deployed], NeverRun()) == 2
+    argv = ["--current", traces["same"], "--config", deployed, "--reference", traces["same"]]
+    assert cli(argv, NeverRun()) == 0
+
+
+def test_neighbours_step_each_parameter_within_the_space() -> None:
+    space = SearchSpace.default("cpu")
+    engine = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.3}
+    found = {start.why for start in retune.neighbours(space, engine)}
+    assert found == {
+        "neighbour max_num_seqs 8 -> 4",
+        "neighbour max_num_seqs 8 -> 16",
+        "neighbour max_num_batched_tokens 256 -> 128",
+        "neighbour max_num_batched_tokens 256 -> 512",
+        "neighbour gpu_memory_utilization 0.3 -> 0.285",
+        "neighbour gpu_memory_utilization 0.3 -> 0.315",
+    }
+    edge = {"max_num_seqs": 32, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.3}
+    whys = {start.why for start in retune.neighbours(space, edge)}
+    assert "neighbour max_num_seqs 32 -> 64" not in whys  # outside the space
+    assert "neighbour max_num_seqs 32 -> 16" in whys

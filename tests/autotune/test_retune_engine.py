@@ -1,0 +1,86 @@
+"""`autotune retune` end to end on the real CPU engine: a drifted trace re-tunes from the
+deployed config and publishes the winner. Four engine starts (2 trials, gate 1 + 1)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import retune
+from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
+from workloads.profile import profile_trace
+from workloads.synthetic import TranslationSpec, translation
+from workloads.trace import write_trace
+
+pytestmark = pytest.mark.engine
+
+
+def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path: Path) -> None:
+    # Tuned for a quiet service; now it gets 8 requests/s of longer texts. One sequence at a
+    # time cannot keep up (TTFT grows past the SLO), 16 can: the gate has a real winner.
+    reference = translation(TranslationSpec(duration_s=60, mean_rps=1), seed=0)
+    current = translation(TranslationSpec(duration_s=60, mean_rps=8, median_input=100), seed=1)
+    current_path = tmp_path / "current.jsonl"
+    write_trace(current_path, current)
+    deploy_dir = tmp_path / "deploy"
+    deploy_dir.mkdir()
+    deployed = ServerConfig(
+        engine={**default_engine_settings(), "max_num_seqs": 1},
+        serving=ServingSettings(recorder=RecorderSettings(directory=str(tmp_path / "traffic"))),
+        provenance={
+            "profile": profile_trace(reference).model_dump(mode="json"),
+            "slos": ["ttft_p95_ms=3000"],
+            "objective": "goodput",
+        },
+    )
+    deployed.write(deploy_dir / "best.yaml")
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "extend_defaults: false\nparams:\n  max_num_seqs: {type: categorical, choices: [1, 16]}\n"
+    )
+    parser = argparse.ArgumentParser()
+    retune.register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "retune",
+            "--current",
+            str(current_path),
+            "--config",
+            str(deploy_dir / "best.yaml"),
+            "--space",
+            str(space),
+            "--trials",
+            "2",
+            "--top-k",
+            "1",
+            "--repeats",
+            "1",
+            "--tuning-window",
+            "10",
+            "--holdout-window",
+            "10",
+            "--startup-timeout",
+            "240",
+        ]
+    )
+    assert retune.retune_command(args) == retune.EXIT_NEW_CONFIG
+
+    [study_dir] = [p for p in deploy_dir.iterdir() if p.name.startswith("retune-v1-")]
+    study = optuna.load_study(
+        study_name=study_dir.name, storage=f"sqlite:///{study_dir / 'study.db'}"
+    )
+    baseline, warm = study.trials
+    assert baseline.user_attrs["baseline"] and warm.user_attrs["warm_start"].endswith("1 -> 16")
+    # The baseline that ran was the deployed config (recorder off for trial servers).
+    ran = ServerConfig.load(Path(baseline.user_attrs["trial_dir"]) / "config.yaml")
+    assert ran.engine == deployed.engine and ran.serving.recorder is None
+
+    published = ServerConfig.load(deploy_dir / "best-v1.yaml")
+    assert (deploy_dir / "best.yaml").read_text() == (deploy_dir / "best-v1.yaml").read_text()
+    assert published.engine["max_num_seqs"] == 16
+    assert published.serving.recorder == deployed.serving.recorder
+    assert published.provenance["decision"]["kept_baseline"] is False
+    assert ServerConfig.load(deploy_dir / "best-v0.yaml").engine == deployed.engine
