@@ -39,7 +39,7 @@ MODEL_SHAPE = {
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 32768,
 }
 
 

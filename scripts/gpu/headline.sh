@@ -12,7 +12,7 @@ cmd=(python3 -m autotune run --workload "$run/translation_gpu.jsonl"
   --space scripts/gpu/space-h100.yaml --compare scripts/gpu/handtuned.yaml
   --slo ttft_p95_ms=500 --slo tpot_p95_ms=50
   --trials ${TRIALS:-10} --time-budget ${SEARCH_BUDGET:-11m}
-  --tuning-window 20 --holdout-window 20 --top-k 1 --repeats 3
+  --tuning-window 20 --holdout-window 20 --top-k 1 --repeats ${REPEATS:-3}
   --study-name h100-qwen2-1.5b --output-dir "$run/study" --seed 0)
 printf '%q ' "${cmd[@]}" > "$run/command.txt"; echo >> "$run/command.txt"
 setsid nohup "${cmd[@]}" > "$run/study.log" 2>&1 < /dev/null &

@@ -79,11 +79,13 @@ def test_ready_server_answers_then_stop_ends_whole_group(tmp_path: Path) -> None
 
 
 def test_stop_sees_the_servers_memory_come_back(tmp_path: Path) -> None:
-    config = behaviour_file(tmp_path, allocate_mib=400, spawn_child=True)
+    config = behaviour_file(tmp_path, allocate_mib=1024, spawn_child=True)
     server = launcher(tmp_path).start(config, tmp_path / "server.log")
-    # A tolerance below what the server held: "recovered" needs the 400 MiB back.
-    report = server.stop(memory_tolerance_bytes=100 * 2**20)
-    assert 400 <= report.memory_held_mib < 600
+    # The tolerance is well below what the server held, so "recovered" needs most of the GiB
+    # back; it is wide enough that other programs moving a few hundred MiB (CI runs engines
+    # beside this test) do not decide the outcome.
+    report = server.stop(memory_tolerance_bytes=300 * 2**20)
+    assert 1024 <= report.memory_held_mib < 1300
     assert report.memory_recovered
 
 

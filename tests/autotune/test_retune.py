@@ -6,7 +6,6 @@ end to end is in test_retune_engine.py.
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import optuna
 import pytest
 
 from autotune import retune
-from autotune.cli import USER_ERRORS
+from autotune.cli import USER_ERRORS, build_parser
 from autotune.space import SearchSpace
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
@@ -95,9 +94,7 @@ def deploy(folder: Path, *, max_num_seqs: int = 2, profile: bool = True) -> Path
 
 def cli(argv: list[str], runner: Any) -> int:
     """`autotune retune ARGV` as autotune.cli.main runs it (user errors -> 2)."""
-    parser = argparse.ArgumentParser()
-    retune.register(parser.add_subparsers())
-    args = parser.parse_args(["retune", *map(str, argv)])
+    args = build_parser().parse_args(["retune", *map(str, argv)])  # the real CLI's parser
     try:
         return retune.retune_command(args, runner=runner)
     except USER_ERRORS:

@@ -30,6 +30,9 @@ from server.config import (
 API_KEY = "test-token"
 MAX_NUM_SEQS = 4
 MAX_WAITING = 2
+# Long enough that a generation is still running when a test acts on it: the tiny model makes
+# over 1,000 tokens/s on 2 cores, so the model's usual 2048 would finish in about a second.
+MAX_MODEL_LEN = 32768
 START_TIMEOUT_S = 240
 
 
@@ -77,7 +80,11 @@ def stop_process_group(process: subprocess.Popen, timeout_s: float = 30) -> None
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     folder = tmp_path_factory.mktemp("server")
     config = ServerConfig(
-        engine={**default_engine_settings(), "max_num_seqs": MAX_NUM_SEQS},
+        engine={
+            **default_engine_settings(),
+            "max_num_seqs": MAX_NUM_SEQS,
+            "max_model_len": MAX_MODEL_LEN,
+        },
         api_key=API_KEY,
         serving=ServingSettings(
             max_waiting_requests=MAX_WAITING,

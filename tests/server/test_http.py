@@ -18,8 +18,9 @@ from server.engine import KV_CACHE_USAGE_METRICS, TTFT_METRICS
 
 pytestmark = pytest.mark.engine
 
-# A generation long enough to still be running when the test acts (a few seconds on 2 cores).
-LONG = 1800
+# A generation long enough to still be running when the test acts: the tiny model makes over
+# 1,000 tokens/s here, so this runs for tens of seconds unless aborted (conftest's max_model_len).
+LONG = 30000
 
 
 RunningServer = Any  # conftest.RunningServer (conftest is not importable by name)
@@ -213,7 +214,9 @@ def test_client_disconnect_aborts_the_request_and_frees_the_slot(server: Running
         lines = response.iter_lines()
         while not next(lines).startswith("data: "):
             pass
-        assert metric_values(server)["vllm:num_requests_running"] == 1
+        wait_for(
+            lambda: metric_values(server)["vllm:num_requests_running"] == 1, 10, "a running request"
+        )
     # Leaving the block closed the connection long before LONG tokens were generated.
     wait_for(lambda: idle(server), 10, "vllm:num_requests_running and in-flight back to 0")
     assert generated_tokens(server) - tokens_before < LONG / 2  # stopped early, not run out
