@@ -5,10 +5,11 @@ in its own process so it does not share the replayer's event loop) and reports t
 rate at which the replayer keeps send-lag p99 under a bound (default 2 ms) with every
 request completed. Arrivals are Poisson (seeded), like `vllm bench serve`'s default.
 
-    .venv/bin/python benchmarks/replayer_rate.py [--loop asyncio|uvloop|both]
-        [--rates 100,200,...] [--step-seconds 6] [--out results/benchmarks/replayer_rate.json]
+    .venv/bin/python benchmarks/replayer_rate.py [--quick] [--loop asyncio|uvloop|both]
+        [--rates 100,200,...] [--step-seconds 6] [--realtime] [--name replayer_rate]
 
-Writes the per-step figures and the sustained rate per event loop to --out (atomically).
+Writes the per-step figures and the sustained rate per event loop to
+results/benchmarks/NAME.json and NAME.md (machine, versions, command, load average).
 
 It also records why the replayer uses aiohttp rather than httpx: the client CPU time per
 streamed request of each library at 16 and 256 requests in flight (closed loop, same server,
@@ -21,11 +22,9 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import numpy as np
+from benchlib import Goal, Recorder, fmt, md_table
 
 from workloads.replay import replay
 from workloads.trace import Trace
@@ -41,6 +41,7 @@ from workloads.trace import Trace
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_SERVER = ROOT / "tests" / "workloads" / "echo_server.py"
 DEFAULT_RATES = "100,200,300,400,500,600,800,1000,1200,1500,2000"
+QUICK_RATES = "200,400,800,1200,1600"
 
 
 @contextmanager
@@ -224,20 +225,12 @@ def client_cost(base: str) -> list[dict]:
     return rows
 
 
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as out:
-        json.dump(payload, out, indent=2)
-        out.write("\n")
-    os.replace(tmp, path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter steps (about 1 min)")
     parser.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both")
-    parser.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated req/s steps")
-    parser.add_argument("--step-seconds", type=float, default=6.0)
+    parser.add_argument("--rates", default=None, help="comma-separated req/s steps")
+    parser.add_argument("--step-seconds", type=float, default=None)
     parser.add_argument(
         "--lag-bounds-ms",
         type=lambda text: [float(v) for v in text.split(",")],
@@ -256,45 +249,97 @@ def main() -> None:
         help="run replayer and server under SCHED_RR (root): on a shared machine other "
         "work otherwise keeps them waiting for a CPU for seconds (see runqueue_wait_s)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / "replayer_rate.json")
+    parser.add_argument("--name", default="replayer_rate", help="results/benchmarks/NAME.json/.md")
     args = parser.parse_args()
+    if args.rates is None:
+        args.rates = QUICK_RATES if args.quick else DEFAULT_RATES
+    if args.step_seconds is None:
+        args.step_seconds = 3.0 if args.quick else 6.0
+    recorder = Recorder(args.name, "Replayer: highest sustained send rate (item 2)",
+                        "quick" if args.quick else "full")
     loops = ["asyncio", "uvloop"] if args.loop == "both" else [args.loop]
     if args.realtime:
         # Measures what the replayer can do when it gets a CPU. `nice` does not do this
         # under autogroup scheduling. The echo server, started below, inherits the policy.
         os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(10))
     results = {}
-    load_before = os.getloadavg()
     with echo_server() as base:
         url = f"{base}/ttft={args.ttft_ms:g},itl={args.itl_ms:g}"
         for loop in loops:
             results[loop] = sweep(url, args, loop)
         costs = [] if args.skip_client_cost else client_cost(base)
-    payload = {
-        "what": "highest Poisson request rate one replayer process sends with send-lag p99 "
-        "under each bound and no failures, against a trivial local server in another process",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            # Other work on the machine shapes these figures: 1-min load before and after.
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-        },
-        "settings": {
-            key: getattr(args, key)
-            for key in ("realtime", "step_seconds", "lag_bounds_ms", "input_tokens", "output_tokens",
-                        "itl_ms", "ttft_ms", "seed", "rates")
-        },
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "loops": results,
-        "client_cost": costs,
+    settings = {
+        key: getattr(args, key)
+        for key in ("realtime", "step_seconds", "lag_bounds_ms", "input_tokens", "output_tokens",
+                    "itl_ms", "ttft_ms", "seed", "rates", "loop")
     }
-    write_json(args.out, payload)
-    for loop, result in results.items():
-        print(f"{loop}: sustained {result['sustained_rate']} req/s")
-    print(f"wrote {args.out}")
+    headline = results[loops[0]]["sustained_rate"].get("lag_p99_under_2ms")
+    top = float(args.rates.split(",")[-1])
+    goals = [
+        Goal(
+            name=f"highest Poisson rate with send-lag p99 < 2 ms ({loops[0]}, one process)",
+            target="as high as possible (no number given in the issue)",
+            measured=headline,
+            met=None,
+            note="the highest step tried" if headline == top else "",
+        )
+    ]
+    result = recorder.result(
+        settings=settings,
+        goals=goals,
+        results={
+            "what": "highest Poisson request rate one replayer process sends with send-lag p99 "
+            "under each bound and no failures, against a trivial local server in another process",
+            "loops": results,
+            "client_cost": costs,
+        },
+        notes=[
+            "Send lag = actual send time - scheduled send time, per request; the step passes a "
+            "bound when its p99 is under it and no request failed (a step over 2 ms gets one retry).",
+            "runqueue_wait_s: seconds the replayer was runnable but waited for a CPU (other "
+            "processes on this shared 2-CPU machine); lag it causes is not the replayer's own.",
+            "realtime=" + str(args.realtime) + ": with --realtime the replayer and the echo server run "
+            "under SCHED_RR, so other work cannot take their CPU.",
+        ],
+    )
+    recorder.write(result, tables(results, costs, args))
+    for loop, result_loop in results.items():
+        print(f"{loop}: sustained {result_loop['sustained_rate']} req/s")
+
+
+def tables(results: dict, costs: list[dict], args: argparse.Namespace) -> str:
+    lines = ["## Sustained rate", ""]
+    lines += md_table(
+        ["event loop"] + [f"send-lag p99 < {b:g} ms" for b in args.lag_bounds_ms],
+        [
+            [loop] + [fmt(r["sustained_rate"].get(f"lag_p99_under_{b:g}ms")) + " req/s"
+                      for b in args.lag_bounds_ms]
+            for loop, r in results.items()
+        ],
+    )
+    lines += ["", "## Steps", ""]
+    rows = []
+    for loop, r in results.items():
+        for step in r["steps"]:
+            rows.append([
+                loop, f"{step['rate']:g}", step["attempt"], f"{step['load_1min']:.2f}",
+                f"{step['send_rate']:.0f}", f"{step['send_lag_p50_ms']:.2f}",
+                f"{step['send_lag_p99_ms']:.2f}", f"{step['send_lag_max_ms']:.2f}",
+                step["failed"], f"{step['client_cpu_fraction']:.0%}", f"{step['runqueue_wait_s']:.2f}",
+            ])
+    lines += md_table(
+        ["loop", "rate req/s", "try", "load 1 min", "sent req/s", "lag p50 ms", "lag p99 ms",
+         "lag max ms", "failed", "client CPU", "waited for CPU s"],
+        rows,
+    )
+    if costs:
+        lines += ["", "## Client CPU per streamed request (why aiohttp, not httpx)", ""]
+        lines += md_table(
+            ["library", "in flight", "CPU ms / request", "req/s"],
+            [[c["library"], c["in_flight"], f"{c['client_cpu_ms_per_request']:.2f}",
+              f"{c['requests_per_s']:.0f}"] for c in costs],
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

