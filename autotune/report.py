@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
 from autotune.objective import Objective
 from autotune.progress import format_duration
-from autotune.study import atomic_write_text, is_baseline, trial_label
+from autotune.study import atomic_write_text, is_baseline, lost_worker, trial_label
 from workloads.slo import SLO
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
@@ -77,13 +77,24 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
         for name in trial.user_attrs.get("engine_params", {}):
             if name not in names:
                 names.append(name)
-    header = ["trial", *names, objective.label, "SLOs", "failure", "wall"]
+    # Where each trial ran: shown once any trial recorded its host (every `autotune run` and
+    # `autotune worker` does); older studies keep their columns.
+    hosts = any(trial.user_attrs.get("host") for trial in trials)
+    retried_as = {
+        int(trial.system_attrs["retry_history"][-1]): trial.number
+        for trial in trials
+        if trial.system_attrs.get("retry_history")
+    }
+    header = ["trial", *(["host"] if hosts else []), *names, objective.label, "SLOs", "failure", "wall"]
     rows = []
     for trial in trials:
         params = trial.user_attrs.get("engine_params", {})
         explicit = trial.user_attrs.get("explicit", [])
         label = trial_label(trial.number) + (" (baseline)" if is_baseline(trial) else "")
         cells = [label]
+        if hosts:
+            host, worker = trial.user_attrs.get("host"), trial.user_attrs.get("worker")
+            cells.append("-" if not host else f"{host}/{worker}" if worker else str(host))
         for name in names:
             value = _fmt(params.get(name))
             # Values the baseline did not set are vLLM's defaults: marked so nobody reads them
@@ -98,7 +109,15 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
         detail = trial.user_attrs.get("failure_detail") or trial.user_attrs.get("interrupted") or ""
         if detail:
             failure = f"{failure}: {detail}" if failure else str(detail)
-        cells += [score, slo, failure[:120], format_duration(trial.user_attrs.get("wall_s"))]
+        if lost_worker(trial):
+            failure = "worker lost (no heartbeat)"
+        notes = []
+        if trial.system_attrs.get("failed_trial") is not None:
+            notes.append(f"retry of {trial_label(int(trial.system_attrs['retry_history'][-1]))}")
+        if trial.number in retried_as:
+            notes.append(f"retried as {trial_label(retried_as[trial.number])}")
+        failure = "; ".join(part for part in (failure[:120], *notes) if part)
+        cells += [score, slo, failure, format_duration(trial.user_attrs.get("wall_s"))]
         rows.append(cells)
     return header, rows
 
@@ -194,6 +213,15 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         f"- accelerator time (a server process up, start to teardown): "
         f"{search_server_s + inputs.gate_server_s:.0f} s",
     ]
+    workers = provenance["study"].get("workers")
+    if workers:
+        lost = sum(lost_worker(t) for t in trials)
+        lines += [
+            f"- workers: {len(workers)} ({', '.join(f'`{w}`' for w in workers)}), search wall time "
+            f"from the first trial's start to the last one's end; validation on "
+            f"`{provenance['study'].get('finalized_by', '-')}`",
+            f"- trials lost with their worker (no heartbeat) and retried: {lost}",
+        ]
     if plots:
         lines += ["", "## Plots", ""]
         for title, name in plots:

@@ -82,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replay at recorded arrival times, or closed loop with N requests in flight (default: %(default)s)")
     add("--startup-timeout", type=float, default=300.0, metavar="S",
         help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
+    add("--workers-only", action="store_true",
+        help="create the study in --storage with every setting above stored in it, measure "
+             "nothing and exit: `autotune worker --storage URL --study NAME` processes (one per "
+             "GPU, any number of hosts) measure its trials, `autotune finalize` validates and exports")
     parser.set_defaults(func=run_command)
 
 
@@ -96,9 +100,25 @@ def run_command(args: argparse.Namespace) -> int:
     budget = parse_duration(args.time_budget) if args.time_budget else None
     if args.trials is None and budget is None:
         args.trials = DEFAULT_TRIALS
+    if args.workers_only and args.resume:
+        raise AutotuneError("--workers-only creates a study; to add measurements to it start "
+                            "`autotune worker --storage URL --study NAME` instead of --resume")
     study_name = args.study_name or f"{Path(args.workload).stem}-{dt.date.today():%Y%m%d}"
     output_dir: Path = args.output_dir or Path("results") / study_name
     plan = plan_study(args, study_name=study_name, output_dir=output_dir, time_budget_s=budget)
+    # The command as a user would retype it, whatever entry point ran it.
+    argv = ["autotune", *sys.argv[1:]]
+    if args.workers_only:
+        from autotune.distributed import create_shared_study
+
+        create_shared_study(
+            plan,
+            effective_defaults=resolve_defaults(plan["baseline"]),
+            startup_timeout_s=args.startup_timeout,
+            command_line=argv,
+            say=_say,
+        )
+        return 0
     runner = TrialRunner(
         mode=args.mode,
         speedup=args.speedup,
@@ -106,8 +126,6 @@ def run_command(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         stale_registry=output_dir / "servers.json",
     )
-    # The command as a user would retype it, whatever entry point ran it.
-    argv = ["autotune", *sys.argv[1:]]
     return execute(plan, runner=runner, reap=reap_stale_servers, argv=argv)
 
 
@@ -244,16 +262,13 @@ def resolve_defaults(baseline: Any) -> dict[str, Any]:
     return {key: data[key] for key in keep if data.get(key) is not None}
 
 
-def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) -> int:
-    from autotune.export import build_provenance, export_best, final_config
-    from autotune.report import ReportInputs, write_report
+def build_tuning(plan: dict[str, Any], *, runner: Any, effective: dict[str, Any], **extra: Any) -> Any:
+    """The TuningStudy a plan describes (`extra`: further TuningStudy keywords)."""
     from autotune.study import TuningStudy
 
-    options = plan["options"]
-    say = _say
-    effective = resolve_defaults(plan["baseline"])
-    tuning = TuningStudy(
-        options=options,
+    extra.setdefault("say", _say)
+    return TuningStudy(
+        options=plan["options"],
         space=plan["space"],
         objective=plan["objective"],
         slos=plan["slos"],
@@ -264,18 +279,72 @@ def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) ->
         runner=runner,
         comparisons=plan["comparisons"],
         effective_defaults=effective,
+        **extra,
+    )
+
+
+def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) -> int:
+    import socket
+
+    options = plan["options"]
+    say = _say
+    effective = resolve_defaults(plan["baseline"])
+    tuning = build_tuning(
+        plan,
+        runner=runner,
+        effective=effective,
         study_attrs={"workload_fingerprint": plan["workload"]["fingerprint"]},
         reap=reap,
-        say=say,
+        trial_attrs={"host": socket.gethostname()},
     )
     study = tuning.open()
     say(
-        f"study {options.study_name} in {options.storage_url}: objective {plan['objective'].spec()}, "
-        f"SLOs {', '.join(s.spec() for s in plan['slos'])}; searching "
+        f"study {options.study_name} in {redact(options.storage_url)}: objective "
+        f"{plan['objective'].spec()}, SLOs {', '.join(s.spec() for s in plan['slos'])}; searching "
         + ", ".join(f"{k} ({v})" for k, v in plan["space"].describe().items())
     )
     study = tuning.run_search()
     say(f"search done in {format_duration(tuning.search_wall_s)}; validating on the held-out window")
+    return finish(plan, tuning, study, effective=effective, argv=argv)
+
+
+def redact(url: str) -> str:
+    """A storage URL fit for logs and reports: the password hidden."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a SQLAlchemy URL: nothing to hide in it
+        return url
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line fit for best.yaml and the report: --storage passwords hidden."""
+    shown: list[str] = []
+    for index, arg in enumerate(argv):
+        if index > 0 and argv[index - 1] == "--storage":
+            arg = redact(arg)
+        elif arg.startswith("--storage="):
+            arg = "--storage=" + redact(arg.removeprefix("--storage="))
+        shown.append(arg)
+    return shown
+
+
+def finish(
+    plan: dict[str, Any],
+    tuning: Any,
+    study: Any,
+    *,
+    effective: dict[str, Any],
+    argv: list[str],
+    search_extra: dict[str, Any] | None = None,
+) -> int:
+    """The gate, best.yaml and report.md for a study whose search is over."""
+    from autotune.export import build_provenance, export_best, final_config
+    from autotune.report import ReportInputs, write_report
+
+    options = plan["options"]
+    say = _say
     result = tuning.validate(study)
     decision = result.decision
     overrides: dict[str, Any] = {}
@@ -289,15 +358,15 @@ def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) ->
         objective=plan["objective"],
         slos=plan["slos"],
         study_name=options.study_name,
-        storage_url=options.storage_url,
-        command_line=argv,
+        storage_url=redact(options.storage_url),
+        command_line=redact_argv(argv),
         model=str(plan["baseline"].engine.get("model")),
         workload=plan["workload"],
         baseline_source=plan["baseline_source"],
         effective_defaults=effective,
         validation=validation,
         search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
-                "validation_wall_s": round(result.wall_s, 1)},
+                "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
     )
     best_path = options.output_dir / "best.yaml"
     export_best(best_path, final_config(plan["baseline"], overrides), provenance)

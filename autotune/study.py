@@ -14,18 +14,24 @@ Choices, and why:
 - SLOs are constraints (`Trial.set_constraint`, the Optuna 5 API), so a trial that misses
   one is known as infeasible and is never the "best".
 - The baseline (vLLM's defaults, or `--baseline FILE`) is trial 0, labelled, never pruned.
+- Several workers may share one study (`autotune worker`, `autotune.distributed`): with an
+  RDB storage that has a heartbeat, each measured trial records heartbeats, a trial whose
+  worker stopped beating is failed and retried by Optuna's retry callback, and a worker waits
+  rather than over-shoot the trial count while others still measure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -138,9 +144,58 @@ def is_baseline(trial: FrozenTrial) -> bool:
     return bool(trial.user_attrs.get("baseline"))
 
 
+def lost_worker(trial: FrozenTrial) -> bool:
+    """A trial failed from outside: its worker stopped heartbeating (killed, host lost).
+
+    Every failure the tuner records itself sets `failure` or `interrupted` before telling;
+    Optuna's stale-trial check sets only the state.
+    """
+    return (
+        trial.state == TrialState.FAIL
+        and not trial.user_attrs.get("failure")
+        and not trial.user_attrs.get("interrupted")
+    )
+
+
 def counts_toward_budget(trial: FrozenTrial) -> bool:
-    """Finished trials, minus those a Ctrl-C or a killed tuner cut short."""
-    return trial.state.is_finished() and not trial.user_attrs.get("interrupted")
+    """Finished trials, minus those a Ctrl-C, a killed tuner or a lost worker cut short."""
+    return (
+        trial.state.is_finished()
+        and not trial.user_attrs.get("interrupted")
+        and not lost_worker(trial)
+    )
+
+
+def heartbeat_interval(storage: Any) -> int | None:
+    """The storage's heartbeat interval in seconds; None when it records no heartbeats."""
+    getter = getattr(storage, "get_heartbeat_interval", None)
+    return getter() if getter is not None else None
+
+
+class _Heartbeat:
+    """Records a trial's heartbeat every interval while it is measured, so other workers can
+    tell a dead worker's trial from a slow one (what `Study.optimize` does for its trials)."""
+
+    def __init__(self, storage: Any, trial_id: int, interval_s: float) -> None:
+        self.storage = storage
+        self.trial_id = trial_id
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):  # a missed beat is retried next interval
+                self.storage.record_heartbeat(self.trial_id)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self._thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            self._thread.join()
 
 
 class TuningStudy:
@@ -164,6 +219,10 @@ class TuningStudy:
         reap: Callable[[Path], list[int]] | None = None,
         say: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        trial_attrs: dict[str, Any] | None = None,
+        on_interrupted: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+        between_trials: Callable[[], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.options = options
         self.space = space
@@ -184,8 +243,16 @@ class TuningStudy:
         self.reap = reap
         self.say = say or (lambda line: print(line, flush=True))
         self.clock = clock
+        # Stamped on every trial this process measures (host, worker id): the report's host.
+        self.trial_attrs = dict(trial_attrs or {})
+        # Called with a trial a Ctrl-C / SIGTERM cut short (a leaving worker re-queues it).
+        self.on_interrupted = on_interrupted
+        # Called before each trial and while waiting on other workers (e.g. reaping servers).
+        self.between_trials = between_trials
+        self.sleep = sleep
         self.study: optuna.Study | None = None
         self.search_wall_s = 0.0
+        self.shared = False  # set by attach(): other processes run trials of this study too
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -259,6 +326,36 @@ class TuningStudy:
         self.study = study
         return study
 
+    def attach(self, storage: optuna.storages.BaseStorage, *, seed: int | None = None) -> optuna.Study:
+        """Join a study another process created (a worker, or finalize): load it, never
+        create it, never close trials that other workers are running (heartbeats do that).
+
+        `seed` should differ per worker: two workers seeded alike would propose the same
+        configs. TPE's constant liar keeps a worker away from configs others are measuring.
+        """
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=self.options.seed if seed is None else seed,
+                multivariate=True,
+                group=True,
+                constant_liar=True,
+                n_startup_trials=self._startup_trials(),
+            )
+        try:
+            study = optuna.load_study(
+                study_name=self.options.study_name, storage=storage, sampler=sampler, pruner=self._pruner()
+            )
+        except KeyError:
+            raise AutotuneError(
+                f"no study {self.options.study_name!r} in {self.options.storage_url}; create it with "
+                f"`autotune run --workers-only --storage URL --study-name NAME ...`"
+            ) from None
+        self.study = study
+        self.shared = True
+        return study
+
     def _startup_trials(self) -> int:
         # Optuna's default of 10 random trials would make a 6-trial study pure random search.
         n = self.options.n_trials
@@ -299,13 +396,33 @@ class TuningStudy:
         study = self.study or self.open()
         options = self.options
         start = self.clock()
-        self._enqueue_baseline(study)
+        if not self.shared:
+            # A shared study was created with its baseline queued; a lost baseline is retried.
+            self._enqueue_baseline(study)
         durations: list[float] = []
+        waiting_on: int | None = None
         while True:
-            done = sum(counts_toward_budget(t) for t in study.get_trials(deepcopy=False))
+            self.fail_stale(study)
+            if self.between_trials is not None:
+                self.between_trials()
+            trials = study.get_trials(deepcopy=False)
+            done = sum(counts_toward_budget(t) for t in trials)
             elapsed = self.clock() - start
             if options.n_trials is not None and done >= options.n_trials:
                 break
+            if self.shared and options.n_trials is not None:
+                # Others are measuring the last trials: wait for them to finish (then stop)
+                # or to be found dead (then their trials come back WAITING: run them).
+                running = sum(t.state == TrialState.RUNNING for t in trials)
+                queued = any(t.state == TrialState.WAITING for t in trials)
+                if done + running >= options.n_trials and not queued:
+                    if waiting_on != running:
+                        self.say(f"{done}/{options.n_trials} trials done; waiting on {running} "
+                                 f"running on other workers")
+                        waiting_on = running
+                    self.sleep(self.poll_s(study))
+                    continue
+            waiting_on = None
             if options.time_budget_s is not None and done > 0:
                 typical = sum(durations) / len(durations) if durations else 0.0
                 if elapsed + typical > options.time_budget_s:
@@ -315,15 +432,38 @@ class TuningStudy:
                     )
                     break
             trial_start = self.clock()
-            frozen = self._run_one(study)
+            frozen = self.run_one(study)
             durations.append(self.clock() - trial_start)
             self.say(self._progress(study, frozen, start, durations))
         self.search_wall_s = self.clock() - start
         return study
 
+    @staticmethod
+    def poll_s(study: optuna.Study) -> float:
+        return float(heartbeat_interval(study._storage) or 5)
+
+    def fail_stale(self, study: optuna.Study) -> None:
+        """Fail trials whose worker stopped heartbeating; the storage's callback retries them."""
+        if heartbeat_interval(study._storage) is None:
+            return
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if trial.number in before and lost_worker(trial):
+                where = trial.user_attrs.get("worker") or trial.user_attrs.get("host") or "its worker"
+                self.say(f"{trial_label(trial.number)}: {where} stopped heartbeating; failed it, "
+                         f"queued a retry")
+
+    def enqueue_baseline(self, study: optuna.Study) -> None:
+        """Queue the baseline as the next trial unless it was measured or is queued/running."""
+        self._enqueue_baseline(study)
+
     def _enqueue_baseline(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
-        if any(is_baseline(t) and t.state in (TrialState.COMPLETE, TrialState.WAITING) for t in trials):
+        measured = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+        if any(is_baseline(t) and t.state in measured for t in trials):
             return
         known = {**self.effective_defaults, **self._explicit(self.baseline)}
         fixed = self.space.fixed_params(known)
@@ -340,11 +480,42 @@ class TuningStudy:
         serving = self.baseline.serving.model_copy(update={"benchmark_mode": True})
         return self.baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
 
-    def _run_one(self, study: optuna.Study) -> FrozenTrial:
-        trial = study.ask()
+    def run_one(self, study: optuna.Study) -> FrozenTrial:
+        """Ask for a trial (a queued one first: the baseline, a retry), measure it, tell it."""
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for Study.optimize; we beat ourselves.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = study.ask()
+        interval = heartbeat_interval(study._storage)
+        if interval is None:
+            return self._run_asked(study, trial)
+        study._storage.record_heartbeat(trial._trial_id)
+        with _Heartbeat(study._storage, trial._trial_id, interval).running():
+            try:
+                return self._run_asked(study, trial)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                frozen = study._storage.get_trial(trial._trial_id)
+                if not frozen.state.is_finished():
+                    raise
+                # Declared dead (no heartbeat within the grace period) while still measuring,
+                # and retried elsewhere: the retry's measurement is the one that counts.
+                self.say(f"{trial_label(trial.number)}: was failed as stale by another worker "
+                         f"and retried there; this measurement is discarded")
+                return frozen
+
+    def _run_asked(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
         baseline = bool(trial.user_attrs.get("baseline"))
         label = trial_label(trial.number)
         trial_dir = self.options.output_dir / "trials" / label
+        for key, value in self.trial_attrs.items():
+            trial.set_user_attr(key, value)
+        retry_of = study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+        if retry_of is not None:
+            # A retry carries the lost trial's attributes; keep its identity, not its fate.
+            for key in ("interrupted", "failure", "failure_detail"):
+                if trial.user_attrs.get(key) is not None:
+                    trial.set_user_attr(key, None)
+            self.say(f"{label}: retrying {trial_label(int(retry_of))}, which its worker did not finish")
         if baseline:
             # Only the enqueued values are "suggested"; the rest stays vLLM's (or the file's).
             self.space.suggest(trial, only=set(trial.user_attrs.get("fixed", [])))
@@ -374,14 +545,16 @@ class TuningStudy:
                 should_prune=None if baseline else self._prune_callback(trial),
             )
         except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", "Ctrl-C during the trial; its server was stopped")
-            study.tell(trial, state=TrialState.FAIL)
-            self.say(f"{label}: interrupted; resume with --resume")
+            closed = self._close_failed(study, trial, "Ctrl-C during the trial; its server was stopped")
+            if closed and self.on_interrupted is not None:
+                self.on_interrupted(study, study._storage.get_trial(trial._trial_id))
+                self.say(f"{label}: interrupted; queued again for another worker")
+            else:
+                self.say(f"{label}: interrupted; resume with --resume")
             raise
         except BaseException as error:
             # A bug or a user error mid-trial: close the trial rather than leave it RUNNING.
-            trial.set_user_attr("interrupted", f"tuner error: {type(error).__name__}: {error}")
-            study.tell(trial, state=TrialState.FAIL)
+            self._close_failed(study, trial, f"tuner error: {type(error).__name__}: {error}")
             raise
         wall = self.clock() - started
         failure = outcome.failure
@@ -405,6 +578,16 @@ class TuningStudy:
         evaluation = evaluate(outcome, self.objective, self.slos)
         return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
 
+    @staticmethod
+    def _close_failed(study: optuna.Study, trial: optuna.Trial, reason: str) -> bool:
+        """FAIL a trial the tuner itself cut short; False if another worker closed it first."""
+        try:
+            trial.set_user_attr("interrupted", reason)
+            study.tell(trial, state=TrialState.FAIL)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            return False
+        return True
+
     def _prune_callback(self, trial: optuna.Trial) -> Callable[[float, Any], bool] | None:
         if self.objective.kind == "pareto" or not self.options.prune:
             return None
@@ -417,7 +600,10 @@ class TuningStudy:
             reported.add(step)
             goodput = summary.request_goodput
             value = summary.request_throughput if goodput is None or self.objective.kind == "throughput" else goodput
-            trial.report(float(value), step)
+            try:
+                trial.report(float(value), step)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return True  # another worker failed it as stale and retried it: stop measuring
             return trial.should_prune()
 
         return should_prune

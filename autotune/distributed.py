@@ -1,0 +1,662 @@
+"""Several workers (one per GPU, any number of hosts) on one study, through Optuna's RDB storage.
+
+    autotune run --workload T --storage URL --study-name N --workers-only   # create, store the plan
+    autotune worker --storage URL --study N                                 # on every GPU
+    autotune finalize --storage URL --study N                               # gate, best.yaml, report
+
+There is no scheduler of ours: the database is the only thing workers share. Creating the
+study stores everything a worker needs (settings, search space, baseline, the tuning and
+held-out windows themselves) as the study's user attribute `shared_plan`, and queues the
+baseline once. Each worker asks the study for trials (a queued one first) and measures them on
+its own local server. A measured trial records heartbeats; a trial whose worker stopped beating
+for `grace_period` seconds is failed by whichever process looks next and re-queued by Optuna's
+retry callback (same parameters, `failed_trial`/`retry_history` in its system attributes), so
+its configuration is measured once by another worker: never lost, never counted twice (a FAIL
+does not count; a late tell from a worker that was presumed dead is refused and discarded).
+Finalize claims the study atomically (it creates the study `NAME.finalize`; names are unique),
+waits for running trials, then runs the same gate, export and report as `autotune run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import re
+import socket
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+import psutil
+from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from autotune.errors import AutotuneError
+from autotune.launcher import StaleServerRegistry, reap_stale_servers
+from autotune.run_cli import build_tuning, finish, redact, redact_argv
+from autotune.study import (
+    StudyOptions,
+    atomic_write_text,
+    check_writable,
+    counts_toward_budget,
+    trial_label,
+)
+from workloads.trace import Trace, TraceRequest
+
+PLAN_ATTR = "shared_plan"
+CLAIM_SUFFIX = ".finalize"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan every worker reads from the study
+
+
+class StoredWindow(BaseModel):
+    """A trace window as stored in the study (workers need no copy of the trace file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    requests: list[dict[str, Any]]
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> StoredWindow:
+        requests = [trace.request(i).model_dump(exclude_none=True) for i in range(len(trace))]
+        return cls(source=trace.source, requests=requests)
+
+    def trace(self) -> Trace:
+        return Trace.from_requests(
+            (TraceRequest.model_validate(r) for r in self.requests), source=self.source
+        )
+
+
+class SharedPlan(BaseModel):
+    """What `autotune run` checked and prepared, in a form a worker on another host can use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    accelerator: str
+    objective: str
+    slos: list[str]
+    space: dict[str, Any]  # SearchSpace.fingerprint()
+    baseline: dict[str, Any]  # ServerConfig, JSON
+    baseline_source: str
+    comparisons: dict[str, dict[str, Any]] = {}
+    effective_defaults: dict[str, Any] = {}
+    workload: dict[str, Any]
+    profile_text: str = ""
+    tuning_window: StoredWindow
+    holdout_window: StoredWindow
+    n_trials: int | None
+    time_budget_s: float | None
+    seed: int
+    top_k: int
+    repeats: int
+    prune: bool = True
+    mode: str
+    speedup: float
+    startup_timeout_s: float
+    command_line: list[str]
+
+    @classmethod
+    def from_plan(
+        cls,
+        plan: dict[str, Any],
+        *,
+        effective_defaults: dict[str, Any],
+        startup_timeout_s: float,
+        command_line: list[str],
+    ) -> SharedPlan:
+        options: StudyOptions = plan["options"]
+        return cls(
+            accelerator=plan["accelerator"],
+            objective=plan["objective"].spec(),
+            slos=[slo.spec() for slo in plan["slos"]],
+            space=plan["space"].fingerprint(),
+            baseline=plan["baseline"].model_dump(mode="json"),
+            baseline_source=plan["baseline_source"],
+            comparisons={k: v.model_dump(mode="json") for k, v in plan["comparisons"].items()},
+            effective_defaults=effective_defaults,
+            workload=plan["workload"],
+            profile_text=plan["profile_text"],
+            tuning_window=StoredWindow.from_trace(plan["tuning"]),
+            holdout_window=StoredWindow.from_trace(plan["holdout"]),
+            n_trials=options.n_trials,
+            time_budget_s=options.time_budget_s,
+            seed=options.seed,
+            top_k=options.top_k,
+            repeats=options.repeats,
+            prune=options.prune,
+            mode=plan["workload"].get("mode", "timed"),
+            speedup=float(plan["workload"].get("speedup", 1.0)),
+            startup_timeout_s=startup_timeout_s,
+            command_line=command_line,
+        )
+
+    def to_plan(self, *, study_name: str, storage_url: str, output_dir: Path) -> dict[str, Any]:
+        """The dict `run_cli.plan_study` returns, rebuilt from the stored plan."""
+        from autotune.objective import parse_objective
+        from autotune.space import ParamSpec, SearchSpace, parse_relation
+        from server.config import ServerConfig
+        from workloads.slo import parse_slos
+
+        slos = parse_slos(self.slos)
+        space = SearchSpace(
+            {name: ParamSpec.model_validate(spec) for name, spec in self.space["params"].items()},
+            [parse_relation(text) for text in self.space["relations"]],
+            source=f"study {study_name}'s search space",
+        )
+        options = StudyOptions(
+            study_name=study_name,
+            output_dir=output_dir,
+            storage=storage_url,
+            resume=True,
+            n_trials=self.n_trials,
+            time_budget_s=self.time_budget_s,
+            seed=self.seed,
+            top_k=self.top_k,
+            repeats=self.repeats,
+            prune=self.prune,
+        )
+        return {
+            "options": options,
+            "accelerator": self.accelerator,
+            "slos": slos,
+            "objective": parse_objective(self.objective, slos),
+            "space": space,
+            "baseline": ServerConfig.model_validate(self.baseline),
+            "baseline_source": self.baseline_source,
+            "comparisons": {k: ServerConfig.model_validate(v) for k, v in self.comparisons.items()},
+            "tuning": self.tuning_window.trace(),
+            "holdout": self.holdout_window.trace(),
+            "workload": self.workload,
+            "profile_text": self.profile_text,
+        }
+
+
+def load_shared(storage: optuna.storages.BaseStorage, study_name: str, url: str) -> SharedPlan:
+    """The plan stored in study `study_name`; AutotuneError when there is none to join."""
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        names = sorted(n for n in optuna.get_all_study_names(storage) if not n.endswith(CLAIM_SUFFIX))
+        raise AutotuneError(
+            f"no study {study_name!r} in {redact(url)} (it has: {', '.join(names) or 'none'}); "
+            f"create it with `autotune run --workload TRACE --storage URL --study-name "
+            f"{study_name} --workers-only`"
+        ) from None
+    raw = storage.get_study_user_attrs(study_id).get(PLAN_ATTR)
+    if raw is None:
+        raise AutotuneError(
+            f"study {study_name!r} in {redact(url)} was not created for workers (no stored plan); "
+            f"create one with `autotune run ... --storage URL --study-name NEW --workers-only`"
+        )
+    try:
+        return SharedPlan.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise AutotuneError(
+            f"study {study_name!r}: its stored plan is unreadable here (field "
+            f"'{'.'.join(map(str, first['loc']))}': {first['msg']}); was it created by another "
+            f"version of vllm-autotune? use the same version on every worker"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The storage
+
+
+def retry_callback(max_retry: int) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """Optuna's own: re-queues a lost trial with its parameters, at most `max_retry` times."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+        if cls is None:  # Optuna < 4.9 names it RetryFailedTrialCallback
+            cls = optuna.storages.RetryFailedTrialCallback
+        return cls(max_retry=max_retry)
+
+
+def connect(
+    url: str,
+    *,
+    heartbeat_interval_s: int,
+    grace_period_s: int,
+    max_retry: int,
+) -> optuna.storages.RDBStorage:
+    """An RDB storage (PostgreSQL, MySQL; SQLite for workers on one host) with heartbeats."""
+    if heartbeat_interval_s < 1 or grace_period_s <= heartbeat_interval_s:
+        raise AutotuneError(
+            f"--heartbeat-interval {heartbeat_interval_s} / --grace-period {grace_period_s}: the "
+            f"interval must be >= 1 s and the grace period longer than it (e.g. 10 and 60)"
+        )
+    if max_retry < 0:
+        raise AutotuneError(f"--max-retry {max_retry}: must be 0 or more")
+    callback = retry_callback(max_retry)
+    settings = {"heartbeat_interval": heartbeat_interval_s, "grace_period": grace_period_s}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            try:
+                return optuna.storages.RDBStorage(
+                    url, **settings, heartbeat_stale_trial_callback=callback
+                )
+            except TypeError:  # Optuna < 4.9
+                return optuna.storages.RDBStorage(url, **settings, failed_trial_callback=callback)
+        except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
+            detail = " ".join(str(error).split())[:200]
+            raise AutotuneError(
+                f"--storage {redact(url)!r}: cannot open it: {detail}; check the URL, that the "
+                f"database is reachable from here and its driver installed "
+                f"(pip install 'vllm-autotune[postgres]')"
+            ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Who measures
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerIdentity:
+    """A host and a worker on it; recorded on every trial the worker measures."""
+
+    host: str
+    worker: str
+
+    @classmethod
+    def detect(cls, worker_id: str | None = None, env: dict[str, str] | None = None) -> WorkerIdentity:
+        """`--worker-id`, else the GPUs it was given (`CUDA_VISIBLE_DEVICES`), else its pid."""
+        env = dict(os.environ if env is None else env)
+        if worker_id:
+            worker = worker_id
+        elif env.get("CUDA_VISIBLE_DEVICES"):
+            worker = "gpu" + env["CUDA_VISIBLE_DEVICES"].replace(",", "+")
+        else:
+            worker = f"pid{os.getpid()}"
+        return cls(host=socket.gethostname(), worker=worker)
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}/{self.worker}"
+
+    def attrs(self) -> dict[str, str]:
+        return {"host": self.host, "worker": self.worker}
+
+    def file_stem(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._+-]", "_", f"{self.host}--{self.worker}")
+
+
+class Lease(BaseModel):
+    """`workers/<host>--<worker>.json`: this worker's process, while it runs."""
+
+    host: str
+    worker: str
+    pid: int
+    create_time: float
+    started: str
+
+
+def _process_alive(pid: int, create_time: float) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return (
+            abs(process.create_time() - create_time) < 0.05
+            and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.NoSuchProcess:
+        return False
+
+
+class WorkerRoster:
+    """Leases and server registries of the workers sharing one output folder.
+
+    Each worker registers the servers it starts in its own registry beside its lease. A worker
+    that dies (SIGKILL, OOM killer) leaves its server running; the next worker on the same host
+    to look (another GPU's worker, or this one restarted) ends that server's process group.
+    """
+
+    def __init__(self, directory: Path, identity: WorkerIdentity, *, say: Callable[[str], None] = _say):
+        self.directory = directory
+        self.identity = identity
+        self.say = say
+        stem = identity.file_stem()
+        self.lease_path = directory / f"{stem}.json"
+        self.registry_path = directory / f"{stem}.servers.json"
+
+    def join(self) -> None:
+        lease = self._read(self.lease_path)
+        if lease is not None and lease.host == self.identity.host and _process_alive(lease.pid, lease.create_time):
+            raise AutotuneError(
+                f"worker {self.identity.label} is already running here (pid {lease.pid}); give "
+                f"each worker on a host its own --worker-id or CUDA_VISIBLE_DEVICES"
+            )
+        self.reap_departed()
+        me = psutil.Process()
+        atomic_write_text(
+            self.lease_path,
+            Lease(
+                host=self.identity.host,
+                worker=self.identity.worker,
+                pid=me.pid,
+                create_time=me.create_time(),
+                started=dt.datetime.now().isoformat(timespec="seconds"),
+            ).model_dump_json(indent=2),
+        )
+
+    def leave(self) -> None:
+        self.lease_path.unlink(missing_ok=True)
+
+    def reap_departed(self) -> list[int]:
+        """End the servers of workers on this host whose process is gone; the pids ended."""
+        ended: list[int] = []
+        if not self.directory.is_dir():
+            return ended
+        for path in sorted(self.directory.glob("*.json")):
+            if path.name.endswith(".servers.json"):
+                continue
+            lease = self._read(path)
+            if lease is None or lease.host != self.identity.host:
+                continue  # another host's worker (shared folder): only it can end its servers
+            if path != self.lease_path and _process_alive(lease.pid, lease.create_time):
+                continue
+            if path == self.lease_path and lease.pid == os.getpid():
+                continue
+            registry = path.with_name(path.name[: -len(".json")] + ".servers.json")
+            pids = reap_stale_servers(registry)
+            if pids:
+                self.say(f"ended server process(es) {pids} that worker {lease.host}/{lease.worker} "
+                         f"(pid {lease.pid}, gone) left behind")
+            ended += pids
+            if path != self.lease_path and not StaleServerRegistry(registry).entries():
+                path.unlink(missing_ok=True)
+                registry.unlink(missing_ok=True)
+        return ended
+
+    @staticmethod
+    def _read(path: Path) -> Lease | None:
+        try:
+            return Lease.model_validate_json(path.read_text())
+        except (OSError, ValidationError):
+            return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The three commands' work
+
+
+class _NotMeasuredHere:
+    """The creating process measures nothing."""
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("`autotune run --workers-only` does not measure trials")
+
+
+def create_shared_study(
+    plan: dict[str, Any],
+    *,
+    effective_defaults: dict[str, Any],
+    startup_timeout_s: float,
+    command_line: list[str],
+    say: Callable[[str], None] = _say,
+) -> optuna.Study:
+    """Create the study with its plan stored and the baseline queued; measure nothing."""
+    options: StudyOptions = plan["options"]
+    shared = SharedPlan.from_plan(
+        plan,
+        effective_defaults=effective_defaults,
+        startup_timeout_s=startup_timeout_s,
+        command_line=redact_argv(command_line),
+    )
+    url = redact(options.storage_url)
+    try:
+        exists = options.study_name in optuna.get_all_study_names(options.storage_url)
+    except Exception:  # noqa: BLE001 - TuningStudy.open() reports a bad --storage in one line
+        exists = False
+    if exists:
+        raise AutotuneError(
+            f"study {options.study_name!r} already exists in {url}; start workers on it "
+            f"(`autotune worker --storage URL --study {options.study_name}`) or pick a new "
+            f"--study-name"
+        )
+    tuning = build_tuning(
+        plan,
+        runner=_NotMeasuredHere(),
+        effective=effective_defaults,
+        study_attrs={
+            "workload_fingerprint": plan["workload"]["fingerprint"],
+            PLAN_ATTR: shared.model_dump(mode="json"),
+        },
+        say=say,
+    )
+    study = tuning.open()
+    tuning.enqueue_baseline(study)
+    target = f"{options.n_trials} trials" if options.n_trials else "no trial limit"
+    budget = f", time budget {options.time_budget_s:.0f} s per worker" if options.time_budget_s else ""
+    say(f"created study {options.study_name} in {url} ({target}{budget}; objective "
+        f"{plan['objective'].spec()}; SLOs {', '.join(s.spec() for s in plan['slos'])}); "
+        f"the baseline is queued as trial-0000")
+    say("start a worker per GPU, on any host that reaches the database:")
+    say(f"  autotune worker --storage '{url}' --study {options.study_name}")
+    say("then validate and export once they are done:")
+    say(f"  autotune finalize --storage '{url}' --study {options.study_name}")
+    return study
+
+
+def worker_seed(seed: int, identity: WorkerIdentity, trials_so_far: int) -> int:
+    """Distinct per worker (two workers seeded alike would propose the same configs)."""
+    return zlib.crc32(f"{seed}/{identity.label}/{trials_so_far}".encode())
+
+
+def run_worker(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    *,
+    url: str,
+    identity: WorkerIdentity,
+    output_dir: Path,
+    max_retry: int,
+    runner: Any = None,
+    say: Callable[[str], None] = _say,
+    sleep: Callable[[float], None] = time.sleep,
+) -> optuna.Study:
+    """Measure trials of the shared study until it has its trials (or this worker's time
+    budget is spent); trials go to OUTPUT_DIR/trials/trial-NNNN (numbers are study-wide)."""
+    from autotune.trial import TrialRunner
+
+    shared = load_shared(storage, study_name, url)
+    check_writable(output_dir)
+    plan = shared.to_plan(study_name=study_name, storage_url=url, output_dir=output_dir)
+    roster = WorkerRoster(output_dir / "workers", identity, say=say)
+    roster.join()
+    try:
+        if runner is None:
+            runner = TrialRunner(
+                mode=shared.mode,
+                speedup=shared.speedup,
+                slos=plan["slos"],
+                startup_timeout_s=shared.startup_timeout_s,
+                stale_registry=roster.registry_path,
+            )
+        tuning = build_tuning(
+            plan,
+            runner=runner,
+            effective=shared.effective_defaults,
+            trial_attrs=identity.attrs(),
+            on_interrupted=retry_callback(max_retry),
+            between_trials=roster.reap_departed,
+            say=say,
+            sleep=sleep,
+        )
+        previous = len(storage.get_all_trials(storage.get_study_id_from_name(study_name), deepcopy=False))
+        study = tuning.attach(storage, seed=worker_seed(shared.seed, identity, previous))
+        say(f"worker {identity.label} joined study {study_name} in {redact(url)}; trials go to "
+            f"{output_dir / 'trials'}")
+        tuning.run_search()
+    finally:
+        roster.leave()
+    done = sum(counts_toward_budget(t) for t in study.get_trials(deepcopy=False))
+    mine = sum(t.user_attrs.get("worker") == identity.worker and t.user_attrs.get("host") == identity.host
+               and t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    say(f"worker {identity.label}: search over ({done} trials done in the study, {mine} here); "
+        f"validate and export with `autotune finalize --storage URL --study {study_name}`")
+    return study
+
+
+class FinalizeClaim:
+    """Exactly one finalize per study: claiming creates the study `NAME.finalize` (study
+    names are unique in the storage, so a second claimant is refused by the database)."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, study_name: str, url: str):
+        self.storage = storage
+        self.name = study_name + CLAIM_SUFFIX
+        self.study_name = study_name
+        self.url = url
+        self.study: optuna.Study | None = None
+
+    def take(self, identity: WorkerIdentity, *, again: bool = False) -> None:
+        if again:
+            self.release()
+        try:
+            self.study = optuna.create_study(study_name=self.name, storage=self.storage)
+        except optuna.exceptions.DuplicatedStudyError:
+            attrs = optuna.load_study(study_name=self.name, storage=self.storage).user_attrs
+            state = f"finalised at {attrs['finished']}" if attrs.get("finished") else "being finalised"
+            raise AutotuneError(
+                f"study {self.study_name!r} is already {state} by {attrs.get('by', 'another process')} "
+                f"(claimed {attrs.get('claimed', '?')}); pass --again to validate and export once more"
+            ) from None
+        self.study.set_user_attr("by", f"{identity.label} pid {os.getpid()}")
+        self.study.set_user_attr("claimed", dt.datetime.now().isoformat(timespec="seconds"))
+
+    def done(self, output_dir: Path) -> None:
+        assert self.study is not None
+        self.study.set_user_attr("finished", dt.datetime.now().isoformat(timespec="seconds"))
+        self.study.set_user_attr("output_dir", str(output_dir.resolve()))
+
+    def release(self) -> None:
+        try:
+            optuna.delete_study(study_name=self.name, storage=self.storage)
+        except KeyError:
+            pass
+        self.study = None
+
+
+def wait_for_search(
+    tuning: Any,
+    study: optuna.Study,
+    *,
+    partial: bool,
+    wait_timeout_s: float | None,
+    say: Callable[[str], None] = _say,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Return once no trial is running (failing stale ones), and the study has its trials."""
+    options = tuning.options
+    start = clock()
+    told: tuple[int, int] | None = None
+    while True:
+        tuning.fail_stale(study)
+        trials = study.get_trials(deepcopy=False)
+        done = sum(counts_toward_budget(t) for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        queued = sum(t.state == TrialState.WAITING for t in trials)
+        target = options.n_trials
+        if running == 0:
+            if target is None or done >= target or partial:
+                return
+            raise AutotuneError(
+                f"study {options.study_name!r}: {done} of {target} trials measured, none running"
+                f"{f' ({queued} queued)' if queued else ''}; start `autotune worker --storage URL "
+                f"--study {options.study_name}` or pass --partial to validate what was measured"
+            )
+        if wait_timeout_s is not None and clock() - start > wait_timeout_s:
+            raise AutotuneError(
+                f"study {options.study_name!r}: {running} trial(s) still running after waiting "
+                f"{wait_timeout_s:.0f} s; wait longer (--wait) or stop the workers"
+            )
+        if told != (done, running):
+            say(f"waiting for {running} running trial(s) ({done}/{target or '-'} done)")
+            told = (done, running)
+        tuning.sleep(tuning.poll_s(study))
+
+
+def search_span_s(study: optuna.Study) -> float:
+    """Wall time from the first trial's start to the last one's end (all workers)."""
+    trials = study.get_trials(deepcopy=False)
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
+    if not starts or not ends:
+        return 0.0
+    return max(0.0, (max(ends) - min(starts)).total_seconds())
+
+
+def finalize(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    *,
+    url: str,
+    output_dir: Path,
+    identity: WorkerIdentity,
+    partial: bool = False,
+    again: bool = False,
+    wait_timeout_s: float | None = None,
+    runner: Any = None,
+    say: Callable[[str], None] = _say,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Once the search is over: the gate, best.yaml and report.md, as `autotune run` makes."""
+    from autotune.trial import TrialRunner
+
+    shared = load_shared(storage, study_name, url)
+    check_writable(output_dir)
+    plan = shared.to_plan(study_name=study_name, storage_url=url, output_dir=output_dir)
+    claim = FinalizeClaim(storage, study_name, url)
+    claim.take(identity, again=again)
+    try:
+        registry = output_dir / "servers.json"
+        ended = reap_stale_servers(registry)
+        if ended:
+            say(f"ended {len(ended)} server process(es) an earlier finalize left behind: {ended}")
+        if runner is None:
+            runner = TrialRunner(
+                mode=shared.mode,
+                speedup=shared.speedup,
+                slos=plan["slos"],
+                startup_timeout_s=shared.startup_timeout_s,
+                stale_registry=registry,
+            )
+        tuning = build_tuning(plan, runner=runner, effective=shared.effective_defaults, say=say, sleep=sleep)
+        study = tuning.attach(storage)
+        wait_for_search(tuning, study, partial=partial, wait_timeout_s=wait_timeout_s, say=say)
+        tuning.search_wall_s = search_span_s(study)
+        trials = study.get_trials(deepcopy=False)
+        workers = sorted({f"{t.user_attrs['host']}/{t.user_attrs.get('worker', '')}".rstrip("/")
+                          for t in trials if t.user_attrs.get("host")})
+        lost = [trial_label(t.number) for t in trials if t.system_attrs.get("failed_trial") is not None]
+        say(f"finalising study {study_name}: {len(trials)} trials from {len(workers)} worker(s)"
+            + (f", {len(lost)} of them retries of lost trials" if lost else "")
+            + "; validating on the held-out window")
+        code = finish(
+            plan,
+            tuning,
+            study,
+            effective=shared.effective_defaults,
+            argv=shared.command_line,
+            search_extra={"workers": workers, "finalized_by": identity.label},
+        )
+    except BaseException:
+        claim.release()  # a finalize that did not finish must not block the next one
+        raise
+    claim.done(output_dir)
+    return code

@@ -1,0 +1,97 @@
+"""Fixtures for the tuner's tests.
+
+`postgres_url`: a throwaway PostgreSQL cluster (initdb into a temp folder, trust auth, TCP on
+127.0.0.1 at a free port only, no Unix socket), stopped and deleted afterwards; the test is
+skipped, with the reason, where no server is installed. PostgreSQL refuses to run as root; as
+root (CI) the server runs as the `postgres` user that Debian's `postgresql` package creates.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def find_bin_dir() -> Path | None:
+    on_path = shutil.which("initdb")
+    if on_path and shutil.which("pg_ctl"):
+        return Path(on_path).parent
+    # Debian keeps the server binaries off PATH, one folder per major version.
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: p.parent.parent.name)
+    return found[-1].parent if found else None
+
+
+def missing() -> str | None:
+    """Why a cluster cannot be started here, or None."""
+    if find_bin_dir() is None:
+        return ("PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's "
+                "`postgresql` package (.ci/run does when it runs as root)")
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        return "psycopg2 is not installed: pip install -e '.[dev]' (or '.[postgres]')"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root and there is no `postgres` user to run the server as"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def cluster() -> Iterator[str]:
+    """Yields a SQLAlchemy URL of a fresh database server; stops and deletes it after."""
+    bin_dir = find_bin_dir()
+    assert bin_dir is not None
+    as_user: list[str] = []
+    # pytest's tmp_path is private to root (0700): the postgres user could not enter it.
+    folder = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(folder, "postgres", "postgres")
+    data, log = folder / "data", folder / "server.log"
+    port = _free_port()
+    try:
+        subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U",
+                        "postgres", "-E", "UTF8", "--no-sync"],
+                       check=True, capture_output=True, timeout=120)
+        with open(data / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf.write(f"\nlisten_addresses = '127.0.0.1'\nport = {port}\n"
+                       "unix_socket_directories = ''\nfsync = off\nmax_connections = 50\n")
+        subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w",
+                        "-t", "60", "start"], check=True, capture_output=True, timeout=90)
+        try:
+            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        finally:
+            subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate",
+                            "-w", "stop"], capture_output=True, timeout=60)
+    except subprocess.CalledProcessError as error:
+        detail = (error.stderr or b"").decode(errors="replace").strip().splitlines()[-3:]
+        tail = log.read_text(errors="replace").splitlines()[-5:] if log.exists() else []
+        raise RuntimeError(f"PostgreSQL did not start: {' | '.join(detail + tail)}") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with cluster() as url:
+        yield url
