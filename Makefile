@@ -13,8 +13,8 @@ demo: setup
 	$(PY) -m autotune run --workload $(WORKLOAD)
 
 lint: setup
-	$(PY) -m ruff check autotune server workloads tests benchmarks
+	$(PY) -m ruff check autotune server workloads tests benchmarks scripts
 
 test: setup
-	$(PY) -m ruff check autotune server workloads tests benchmarks
+	$(PY) -m ruff check autotune server workloads tests benchmarks scripts
 	$(PY) -m pytest -q

@@ -308,9 +308,19 @@ class ServerProcess:
         tail = log_tail(self.log_path)
         code = self.popen.poll()
         kind = classify_exit(code, tail)
-        return ServerStartFailed(
-            kind, f"server exited with code {code}: {headline(tail)}", log_tail=tail
-        )
+        how = f"server exited with code {code}"
+        if code is not None and code < 0:
+            # A signal, not the server's own exit: its last log line is then only what it
+            # happened to be doing, so name the signal first.
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how += f" (killed by {name}"
+            if -code == signal.SIGKILL:
+                how += ": the kernel's OOM killer, or another process"
+            how += ")"
+        return ServerStartFailed(kind, f"{how}: {headline(tail)}", log_tail=tail)
 
     def wait_ready(self, timeout_s: float, *, poll_s: float = 0.25) -> float:
         """Block until `/health` answers 200; return seconds since spawn.

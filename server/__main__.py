@@ -1,12 +1,14 @@
 """`python -m server [--config FILE] [--host H] [--port P] [--benchmark-mode]`
 
 Without --config: the embedded tiny model (random weights) on 127.0.0.1:8000.
-Exit codes: 0 after a clean stop, 1 if the engine fails to start, 2 for a bad config.
+Exit codes: 0 after a clean stop, 1 if the address cannot be bound or the engine fails to
+start, 2 for a bad config.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from server.config import ConfigError, ServerConfig
@@ -41,6 +43,25 @@ def load_config(args: argparse.Namespace) -> ServerConfig:
     return config.model_copy(update=overrides)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound now (listening starts once uvicorn serves).
+
+    Binding before the engine starts turns a taken port into an error within seconds; bound
+    later (uvicorn's default), it would show only after the engine's tens of seconds of start.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -48,11 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    try:
+        listener = bind(config.host, config.port)
+    except OSError as error:  # the message keeps "[Errno 98] Address already in use"
+        print(f"{PROG}: error: cannot listen on {config.host}:{config.port}: {error}", file=sys.stderr)
+        return 1
+    with listener:
+        return serve(args, config, listener)
 
+
+def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socket) -> int:
+    """Checks the engine settings with vLLM, then serves on `listener` until stopped."""
     from server.engine import resolve_engine_config
 
     # vLLM checks the values (dtype, lengths, memory fraction ...) when it builds its config;
-    # doing that before binding the port turns a bad value into exit 2, not a crash later.
+    # doing that before the engine starts turns a bad value into exit 2, not a crash later.
     try:
         vllm_config = resolve_engine_config(config)
     except Exception as error:  # vLLM raises ValueError, TypeError, pydantic errors ...
@@ -88,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             timeout_graceful_shutdown=5,
         )
     )
-    server.run()
+    host, port = listener.getsockname()[:2]
+    print(f"{PROG}: listening on {host}:{port}; /health answers 503 until the engine is ready",
+          file=sys.stderr, flush=True)
+    server.run(sockets=[listener])
     if failures:
         print(f"{PROG}: error: the engine failed to start: {failures[0]}", file=sys.stderr)
         return 1

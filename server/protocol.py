@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 # ISO 639-1 codes the /translate prompt templates know, with the names the prompt uses.
 LANGUAGES: dict[str, str] = {
@@ -92,11 +92,12 @@ class CompletionRequest(BaseModel):
     model: StrictStr | None = None
     prompt: StrictStr | list[StrictInt]
     max_tokens: StrictInt = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Strict: numbers only (ints too); a bool or a numeric string is refused, not coerced.
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     top_k: StrictInt | None = None
     seed: StrictInt | None = None
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    repetition_penalty: StrictFloat = Field(default=1.0, gt=0.0)
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.cli import main
@@ -18,13 +22,49 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip()
 
 
-def test_unwritable_results_folder_fails_before_any_trial(tmp_path: Path, capsys) -> None:
+def test_unwritable_results_folder_fails_before_any_trial(tmp_path: Path, capsys, reliability) -> None:
+    reliability.start(
+        "Results folder unwritable",
+        group="Faults during a study",
+        injected="`autotune run --output-dir` under a path whose parent is a file (mkdir fails, even as root)",
+    )
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    started = time.monotonic()
     code, err = run(capsys, "--output-dir", str(blocker / "results"))
     assert code == 2
     assert err.startswith("autotune: error: ") and "a-file/results" in err and "--output-dir" in err
     assert not (tmp_path / "a-file" / "results").exists()
+    assert "\n" not in err
+    reliability.held(f"exit 2 with one line, before any trial or server: \"{err}\"")
+    reliability.figure("time to the error", time.monotonic() - started, "s")
+
+
+def test_a_damaged_study_database_is_refused_before_any_trial(tmp_path: Path, reliability) -> None:
+    reliability.start(
+        "Study database damaged",
+        group="Bad input",
+        injected="`autotune run --resume` on a study.db holding a real study, cut in half",
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    database = out / "study.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{database}")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=5)
+    database.write_bytes(database.read_bytes()[: database.stat().st_size // 2])
+    # A subprocess: what a user's terminal shows, free of this test process's log handlers.
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--workload", SAMPLE, "--output-dir", str(out),
+         "--study-name", "s", "--resume"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("autotune: error: ")]
+    assert len(errors) == 1 and str(database) in errors[0] and "malformed" in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not (out / "trials").exists()
+    reliability.held(f"exit 2 before any trial or server, naming the file and SQLite's reason: \"{errors[0]}\"")
 
 
 def test_bad_time_budget_and_objective_are_named(tmp_path: Path, capsys) -> None:

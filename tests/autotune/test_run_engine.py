@@ -7,6 +7,7 @@ SIGKILLed mid-trial then resumed (completed trials intact, no orphan server, stu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -65,7 +66,15 @@ def test_a_config_that_cannot_start_is_classified_and_the_study_finishes(tmp_pat
     assert (out / "history.png").stat().st_size > 0
 
 
-def test_sigkilled_tuner_resumes_without_orphans_or_lost_trials(tmp_path: Path) -> None:
+def test_sigkilled_tuner_resumes_without_orphans_or_lost_trials(tmp_path: Path, reliability) -> None:
+    reliability.start(
+        "Tuner SIGKILLed mid-trial, then resumed",
+        group="Faults during a study",
+        injected=(
+            "SIGKILL to the `autotune run --trials 2` process (not its group) as trial-0001's "
+            "server was spawned; that server is left running, orphaned; then `--resume`"
+        ),
+    )
     out = tmp_path / "out"
     # An SLO nothing meets: no candidate reaches the gate, which keeps this test to 3 starts.
     args = ("--trials", "2", "--slo", "ttft_p95_ms=1", "--output-dir", out, "--study-name", "kill")
@@ -92,15 +101,44 @@ def test_sigkilled_tuner_resumes_without_orphans_or_lost_trials(tmp_path: Path) 
             os.killpg(tuner.pid, signal.SIGKILL)
         log.close()
     assert psutil.pid_exists(orphan)  # the situation --resume must clean up
+    # The orphan goes on starting its engine: wait for its engine core, so that the resumed
+    # run has a whole process tree to end, not just the server's main process.
+    orphans = {orphan}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(orphans) == 1:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            orphans |= {child.pid for child in psutil.Process(orphan).children(recursive=True)}
+        time.sleep(0.2)
+    assert len(orphans) > 1, "the orphaned server never started an engine core"
+    reliability.held(
+        f"the orphaned server outlived its tuner and started its engine core ({len(orphans)} processes)"
+    )
     before = load(out, "kill").trials[0]
     assert before.state == TrialState.COMPLETE and before.user_attrs["baseline"]
 
+    resumed_at = time.monotonic()
     done = subprocess.run(autotune(*args, "--resume"), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    resume_s = time.monotonic() - resumed_at
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+    left = sorted(pid for pid in orphans if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    assert left == []
+    assert "left behind" in done.stdout
+    reliability.held(
+        "the resumed run found the orphan in the study's stale-server registry and ended its whole "
+        f"process tree before measuring anything (\"{next(line for line in done.stdout.splitlines() if 'left behind' in line)}\")"
+    )
     study = load(out, "kill")
     assert study.trials[0].values == before.values and study.trials[0].params == before.params
+    reliability.held("the completed baseline trial is intact (same values and parameters)")
     assert study.trials[1].state == TrialState.FAIL and study.trials[1].user_attrs["interrupted"]
+    reliability.held(
+        f"the interrupted trial is marked FAIL with \"{study.trials[1].user_attrs['interrupted']}\" "
+        "and does not count toward --trials"
+    )
     assert study.trials[2].state == TrialState.COMPLETE
     assert (out / "best.yaml").exists() and (out / "report.md").exists()
     assert json.loads(registry.read_text())["servers"] == []
+    reliability.held("the study finished: a new trial ran in its place, best.yaml and report.md written, registry empty")
+    reliability.figure("trials kept", f"{len(study.trials)} (1 completed before the kill, 1 marked interrupted, 1 new)")
+    reliability.figure("orphaned processes found / left after --resume", f"{len(orphans)} / {len(left)}")
+    reliability.figure("resumed run, start to finish", resume_s, "s")

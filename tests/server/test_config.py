@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from server.config import (
     ConfigError,
@@ -169,3 +171,101 @@ def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path: Path) -> Non
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("server: error: ") and "max-num-seq" in last
+
+
+@pytest.fixture(scope="module")
+def valid_config_text(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An exported config (engine arguments, serving settings, provenance header) as text."""
+    folder = tmp_path_factory.mktemp("valid-config")
+    config = ServerConfig(
+        engine={**default_engine_settings(), "max_num_seqs": 16, "max_num_batched_tokens": 1024},
+        api_key="secret",
+        serving=ServingSettings(benchmark_mode=True, max_waiting_requests=4),
+        provenance={"study": "s1", "measured": {"request_throughput": 12.5}},
+    )
+    config.write(folder / "valid.yaml")
+    return (folder / "valid.yaml").read_text()
+
+
+CORRUPTIONS = st.one_of(
+    st.tuples(st.just("truncate"), st.floats(0, 1), st.just("")),
+    st.tuples(st.just("overwrite"), st.floats(0, 1), st.text(min_size=1, max_size=12)),
+    st.tuples(
+        st.just("insert"),
+        st.floats(0, 1),
+        st.sampled_from(
+            [":", "- ", "\t", "  ", "\n  x: [", "{", "'", "&a ", "*a", "!!python/object:os.system ",
+             "\x00", "\ufeff", "%YAML 9.9\n", "? ", "max-num-seqs: -1\n", "model: 5\n", "\n---\n"]
+        ),
+    ),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corruption=CORRUPTIONS, data=st.data())
+def test_a_corrupted_config_file_gets_one_clear_line_never_a_traceback(
+    tmp_path: Path,
+    valid_config_text: str,
+    reliability,
+    corruption: tuple[str, float, str],
+    data: st.DataObject,
+) -> None:
+    reliability.start(
+        "Corrupted YAML config",
+        group="Bad input",
+        injected=(
+            "hypothesis: an exported config file truncated, overwritten, or with YAML syntax, "
+            "bad values, NUL bytes, python tags spliced in, and single bytes flipped"
+        ),
+    )
+    text = valid_config_text
+    kind, where, piece = corruption
+    at = int(where * len(text))
+    if kind == "truncate":
+        corrupted = text[:at]
+    elif kind == "overwrite":
+        corrupted = text[:at] + piece + text[at + len(piece):]
+    else:
+        corrupted = text[:at] + piece + text[at:]
+    path = tmp_path / "corrupted.yaml"
+    raw = corrupted.encode("utf-8", "surrogatepass")
+    if data.draw(st.booleans(), label="flip a byte"):
+        index = data.draw(st.integers(0, max(0, len(raw) - 1)), label="byte")
+        raw = raw[:index] + bytes([raw[index] ^ 0xFF]) + raw[index + 1:] if raw else raw
+    path.write_bytes(raw)
+    reliability.count("corrupted files tried")
+    try:
+        ServerConfig.load(path)
+    except ConfigError as error:
+        message = str(error)
+        assert message.startswith(str(path)), message
+        assert "\n" not in message, message
+        assert error.reason
+        reliability.count("refused with a one-line ConfigError")
+    else:
+        reliability.count("still a valid config (e.g. a changed comment)")
+    reliability.held(
+        "no traceback: every file either loaded or was refused with a one-line ConfigError "
+        "starting with the file's path (and its line, where YAML knows it)"
+    )
+
+
+def test_yaml_tags_that_run_code_are_refused(tmp_path: Path, reliability) -> None:
+    marker = tmp_path / "ran"
+    reliability.start(
+        "YAML read safely",
+        group="Security defaults",
+        injected="a config whose values are `!!python/object/apply:os.system` and `subprocess.check_call` tags",
+    )
+    text = (
+        "model: !!python/object/apply:os.system ['touch " + str(marker) + "']\n"
+        "max-num-seqs: !!python/object/apply:subprocess.check_call [['touch', '" + str(marker) + "']]\n"
+    )
+    with pytest.raises(ConfigError, match="not valid YAML") as caught:
+        ServerConfig.load(write(tmp_path / "evil.yaml", text))
+    assert caught.value.line == 1
+    assert not marker.exists()
+    reliability.held(
+        f"`!!python/object/apply` tags are refused by safe_load (\"{str(caught.value)[-70:]}\"); "
+        "the command they name never ran"
+    )

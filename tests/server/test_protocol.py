@@ -9,6 +9,7 @@ same for both modes (server/app.py: Handlers.completions).
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from server.protocol import (
     LANGUAGES,
@@ -59,3 +60,12 @@ def test_same_source_and_target_language_is_refused() -> None:
             TranslateRequest(text="Hallo", source_lang="de", target_lang="de"), max_input_chars=100
         )
     assert caught.value.field == "target_lang"
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty"])
+@pytest.mark.parametrize("value", [False, True, "0.5"])
+def test_sampling_numbers_are_not_coerced_from_bools_or_strings(field: str, value: object) -> None:
+    # Found by the OpenAPI fuzz (test_openapi_fuzz.py): `"temperature": false` was read as 0.0.
+    with pytest.raises(ValidationError, match=field):
+        CompletionRequest(prompt=[1], **{field: value})
+    assert getattr(CompletionRequest(prompt=[1], **{field: 1}), field) == 1.0  # ints are numbers

@@ -138,14 +138,129 @@ def test_unknown_format() -> None:
     skip=st.booleans(),
 )
 def test_arbitrary_input_raises_only_workload_errors(
-    tmp_path: Path, fmt: str, data: bytes, skip: bool
+    tmp_path: Path, reliability, fmt: str, data: bytes, skip: bool
 ) -> None:
+    reliability.start(
+        "Trace importers (Azure, BurstGPT, Mooncake): arbitrary bytes",
+        group="Bad input",
+        injected=(
+            "hypothesis: arbitrary bytes, and mixes of headers, good and bad rows, bad dates, "
+            "NaN, unterminated quotes and NUL bytes, imported with and without --skip-invalid"
+        ),
+    )
     path = tmp_path / "fuzz.in"
     path.write_bytes(data)
+    reliability.count(f"{fmt} files imported")
     try:
         result = importer(fmt)(path, skip_invalid=skip)
-    except WorkloadError:
+    except TraceError as error:
+        assert error.path == str(path)
+        assert 1 <= error.line <= data.count(b"\n") + 1 and error.field
+        assert str(error).startswith(f"{path}:{error.line}: field '{error.field}' = ")
+        assert "\n" not in str(error)
+        reliability.held(ARBITRARY_HELD)
+        return
+    except WorkloadError as error:
+        assert str(path) in str(error) and "\n" not in str(error)
+        reliability.held(ARBITRARY_HELD)
         return
     trace = result.trace
     assert len(trace) >= 1 and trace.timestamps_ms[0] == 0.0
     assert np.all(trace.input_lengths >= 1) and np.all(trace.output_lengths >= 1)
+    reliability.held(ARBITRARY_HELD)
+
+
+ARBITRARY_HELD = (
+    "every importer raised nothing but WorkloadError: a bad row names the file, an existing line "
+    "and the column in one line; a whole-file problem names the file; what imports is valid"
+)
+
+# One row per format, with the values a test may replace: {column: text}.
+FORMATS = {
+    "azure": (
+        ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+        lambda i: {
+            "TIMESTAMP": f"2024-05-10 00:{i // 60:02d}:{i % 60:02d}.0000000+00:00",
+            "ContextTokens": str(100 + i),
+            "GeneratedTokens": str(10 + i),
+        },
+    ),
+    "burstgpt": (
+        ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"),
+        lambda i: {
+            "Timestamp": str(5 * i),
+            "Model": "ChatGPT",
+            "Request tokens": str(100 + i),
+            "Response tokens": str(10 + i),
+            "Total tokens": str(110 + 2 * i),
+            "Log Type": "Conversation log",
+        },
+    ),
+}
+BAD_CELLS = {
+    "TIMESTAMP": ["", "yesterday", "2024-13-10 00:00:00.0000000", "2024-05-10 25:00:00", "1715299200"],
+    "ContextTokens": ["", "0", "-1", "1.5", "many", "nan", "1e999", str(2**40)],
+    "GeneratedTokens": ["", "0", "-2", "2.5", "few", "inf", str(2**40)],
+    "Timestamp": ["", "abc", "-1", "inf", "nan", "1e999"],
+    "Request tokens": ["", "0", "-1", "1.5", "many", "nan", str(2**40)],
+    "Response tokens": ["", "-1", "1.5", "few", "inf", str(2**40)],  # 0 = a failed request
+}
+MOONCAKE_BAD = {
+    "timestamp": ['"soon"', "-1", "null", "1e999", "true"],
+    "input_length": ['"12"', "0", "-4", "1.5", "null", "1e999"],
+    "output_length": ['"7"', "0", "-1", "2.5", "false", str(2**40)],
+    "hash_ids": ['"abc"', '[1, "x"]', "[true]", "[1e3]", str([2**64])],
+}
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    fmt=st.sampled_from(["azure", "burstgpt", "mooncake"]),
+    rows=st.integers(1, 10),
+    data=st.data(),
+)
+def test_one_bad_value_names_its_file_line_and_column(
+    tmp_path: Path, reliability, fmt: str, rows: int, data: st.DataObject
+) -> None:
+    reliability.start(
+        "Trace importers (Azure, BurstGPT, Mooncake): one bad value in a valid file",
+        group="Bad input",
+        injected=(
+            "hypothesis: valid Azure CSV, BurstGPT CSV and Mooncake JSONL files of 1-10 rows with "
+            "one cell made wrong (empty, text, negative, fraction, NaN/inf, out of range, bad date)"
+        ),
+    )
+    bad_row = data.draw(st.integers(0, rows - 1), label="bad row")
+    if fmt == "mooncake":
+        column = data.draw(st.sampled_from(sorted(MOONCAKE_BAD)), label="field")
+        lines = []
+        for row in range(rows):
+            values = {"timestamp": str(100 * row), "input_length": "600", "output_length": "9",
+                      "hash_ids": f"[{row}, {row + 1}]"}
+            if row == bad_row:
+                values[column] = data.draw(st.sampled_from(MOONCAKE_BAD[column]), label="value")
+            lines.append("{" + ", ".join(f'"{k}": {v}' for k, v in values.items()) + "}")
+        line = bad_row + 1
+    else:
+        header, make = FORMATS[fmt]
+        column = data.draw(st.sampled_from([c for c in header if c in BAD_CELLS]), label="column")
+        lines = [",".join(header)]
+        for row in range(rows):
+            values = make(row)
+            if row == bad_row:
+                values[column] = data.draw(st.sampled_from(BAD_CELLS[column]), label="value")
+            lines.append(",".join(values[c] for c in header))
+        line = bad_row + 2  # the header is line 1
+    path = tmp_path / f"one-bad.{fmt}"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError) as caught:
+        importer(fmt)(path)
+    error = caught.value
+    assert (error.path, error.line, error.field) == (str(path), line, column)
+    assert str(error).startswith(f"{path}:{line}: field '{column}' = ")
+    reliability.count(f"{fmt} files with one bad value")
+    reliability.held(
+        "one bad cell anywhere in a valid file: TraceError naming exactly that file, line and column"
+    )

@@ -254,17 +254,118 @@ def test_valid_requests_round_trip(tmp_path: Path, requests: list[TraceRequest])
     skip=st.booleans(),
 )
 def test_arbitrary_input_raises_only_workload_errors(
-    tmp_path: Path, data: bytes, skip: bool
+    tmp_path: Path, reliability, data: bytes, skip: bool
 ) -> None:
+    reliability.start(
+        "Trace loader (JSONL): arbitrary bytes",
+        group="Bad input",
+        injected=(
+            "hypothesis: arbitrary bytes, and mixes of good, huge, nested, NUL and non-JSON lines, "
+            "loaded with and without --skip-invalid"
+        ),
+    )
     path = tmp_path / "fuzz.jsonl"
     path.write_bytes(data)
+    reliability.count("arbitrary files loaded")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)
         try:
             trace = load_trace(path, skip_invalid=skip)
-        except WorkloadError:
+        except TraceError as error:
+            assert_names_file_line_field(error, path, data)
+            reliability.count("refused naming file, line and field")
+            reliability.held(ARBITRARY_HELD)
             return
+        except WorkloadError as error:
+            assert str(path) in str(error) and "\n" not in str(error)
+            reliability.count("refused as a whole file (empty, all lines invalid)")
+            reliability.held(ARBITRARY_HELD)
+            return
+    reliability.count("loaded (valid lines)")
     # Whatever loaded is valid: lengths >= 1, times finite and sorted.
     assert len(trace) >= 1
     assert np.all(trace.input_lengths >= 1) and np.all(trace.output_lengths >= 1)
     assert np.all(np.isfinite(trace.timestamps_ms)) and np.all(np.diff(trace.timestamps_ms) >= 0)
+    reliability.held(ARBITRARY_HELD)
+
+
+ARBITRARY_HELD = (
+    "arbitrary input raised nothing but WorkloadError: a bad line names the file, an existing "
+    "line and the field in one line; a whole-file problem names the file; what loads is valid"
+)
+
+
+def assert_names_file_line_field(error: TraceError, path: Path, data: bytes) -> None:
+    """The one-line message a user gets: `{path}:{line}: field '{field}' = ...`, for a line
+    that exists in the file."""
+    assert error.path == str(path)
+    assert 1 <= error.line <= data.count(b"\n") + 1
+    assert error.field
+    assert str(error).startswith(f"{path}:{error.line}: field '{error.field}' = ")
+    assert "\n" not in str(error)
+
+
+GOOD_VALUES = {
+    "timestamp": "1000",
+    "input_length": "20",
+    "output_length": "7",
+    "hash_ids": "[1, 2]",
+    "source_lang": '"en"',
+    "latency_ms": "12.5",
+}
+BAD_VALUES = {
+    "timestamp": ['"soon"', "-1", "null", "1e999", "true", "[]", "{}"],
+    "input_length": ['"12"', "0", "-4", "1.5", "null", "false", "1e999", str(2**40)],
+    "output_length": ['"7"', "0", "-1", "2.5", "null", "true", "[7]", str(2**40)],
+    "hash_ids": ['"abc"', '[1, "x"]', "[true]", "[1e3]", "{}", str([2**64])],
+    "source_lang": ["5", "[]", "{}", "true"],
+    "latency_ms": ["-3", '"fast"', "1e999", "[]"],
+}
+
+
+def jsonl_line(values: dict[str, str]) -> str:
+    return "{" + ", ".join(f'"{name}": {value}' for name, value in values.items()) + "}"
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.integers(1, 12),
+    data=st.data(),
+    field=st.sampled_from(sorted(BAD_VALUES)),
+    missing=st.booleans(),
+)
+def test_one_bad_value_is_reported_with_its_file_line_and_field(
+    tmp_path: Path, reliability, rows: int, data: st.DataObject, field: str, missing: bool
+) -> None:
+    reliability.start(
+        "Trace loader (JSONL): one bad value in a valid trace",
+        group="Bad input",
+        injected=(
+            "hypothesis: valid traces of 1-12 lines with one value of one line made wrong "
+            "(type, sign, range, NaN/inf, missing required field)"
+        ),
+    )
+    bad_row = data.draw(st.integers(0, rows - 1), label="bad row")
+    missing = missing and field in ("timestamp", "input_length", "output_length")
+    lines = []
+    for row in range(rows):
+        values = {**GOOD_VALUES, "timestamp": str(1000 * row)}
+        if row == bad_row:
+            if missing:
+                del values[field]
+            else:
+                values[field] = data.draw(st.sampled_from(BAD_VALUES[field]), label="bad value")
+        lines.append(jsonl_line(values))
+    path = write_lines(tmp_path / "one-bad.jsonl", lines)
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    error = caught.value
+    assert (error.path, error.line, error.field) == (str(path), bad_row + 1, field)
+    assert_names_file_line_field(error, path, path.read_bytes())
+    reliability.count("files with one bad value")
+    reliability.held(
+        "one bad value anywhere in a valid trace: TraceError naming exactly that file, line and "
+        "field (`{path}:{line}: field '{field}' = {value!r}: {reason}`)"
+    )
