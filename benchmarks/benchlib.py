@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -262,6 +263,56 @@ def spread(values: Sequence[float]) -> dict[str, float | int | None]:
         "p25": float(np.percentile(array, 25)),
         "p75": float(np.percentile(array, 75)),
     }
+
+
+class EngineWatch:
+    """Samples, once a second, how many vLLM engines *not started by this process* run on the
+    machine (other users' engine-core processes): a measurement taken while another engine
+    competed for the 2 CPUs is marked, not silently mixed in.
+
+        with EngineWatch() as watch: ...      # then watch.report()
+    """
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
+
+    @staticmethod
+    def foreign_engines() -> int:
+        own = {p.pid for p in psutil.Process().children(recursive=True)}
+        count = 0
+        for process in psutil.process_iter(["pid", "name", "cmdline"]):
+            info = process.info
+            text = (info.get("name") or "") + " " + " ".join(info.get("cmdline") or [])
+            if "EngineCore" in text and info["pid"] not in own:
+                count += 1
+        return count
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(self.foreign_engines())
+            except psutil.Error:
+                pass
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> EngineWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def report(self) -> dict[str, float | int]:
+        busy = [s for s in self.samples if s > 0]
+        return {
+            "samples": len(self.samples),
+            "max_foreign_engines": max(self.samples, default=0),
+            "share_with_foreign_engine": len(busy) / len(self.samples) if self.samples else 0.0,
+        }
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -10,14 +10,16 @@ Same server, same requests at the same times: the replayer (workloads.replay) an
            with prefix caching off, so neither tool's repeated prompts hit a cache).
 
 The requests: a window of workloads/samples/translation_trace.jsonl (the tuner's window
-choice), replayed `--speedup`x faster; written once with the scaled timestamps for both tools
+choice), replayed `--speedup`x faster on echo and `--engine-speedup`x on the engine (the
+recorded rate by default: a 2-CPU engine pushed into a growing queue turns every
+millisecond of difference into seconds); written once per target with the scaled timestamps for both tools
 (as a `timed_trace` file for vLLM, with one fresh 16-token hash id per prompt chunk so its
 prompts have the exact lengths and share nothing). Compared: mean and p99 of TTFT, TPOT and
 E2E as each tool reports them (goal: within 3%), and each tool's spread between its own
 repeats (the noise floor of the comparison).
 
     .venv/bin/python benchmarks/replayer_fidelity.py [--quick] [--repeats 3]
-        [--window-s 20] [--speedup 3] [--targets echo,engine]
+        [--window-s 20] [--speedup 3] [--engine-speedup 1] [--targets echo,engine]
 
 The highest sustained send rate is measured by benchmarks/replayer_rate.py.
 Results: results/benchmarks/replayer_fidelity.{json,md}.
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
+from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
 METRICS = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "p99_e2el_ms")
 TOLERANCE = 0.03
@@ -44,13 +46,13 @@ VLLM_CLI = ROOT / "benchmarks" / "vllm_cli.py"
 CHUNK = 16  # vLLM's timed_trace default: tokens per hash id
 
 
-def make_window(args: argparse.Namespace):
+def make_window(args: argparse.Namespace, speedup: float):
     from workloads.trace import load_trace
     from workloads.windows import select_windows
 
     trace = load_trace(args.trace)
-    tuning, _, _ = select_windows(trace, args.window_s * args.speedup, 20.0)
-    return tuning.replace(timestamps_ms=tuning.timestamps_ms / args.speedup, source="fidelity window")
+    tuning, _, _ = select_windows(trace, args.window_s * speedup, 20.0)
+    return tuning.replace(timestamps_ms=tuning.timestamps_ms / speedup, source=f"fidelity window x{speedup:g}")
 
 
 def write_timed_trace(window, path: Path) -> None:
@@ -119,10 +121,12 @@ def alternate(window, trace_path: Path, base_url: str, work: Path, repeats: int,
         # Alternate which tool goes first, so a drifting machine hits both alike.
         order = ("ours", "vllm_bench") if repeat % 2 == 0 else ("vllm_bench", "ours")
         for tool in order:
-            if tool == "ours":
-                figures = run_ours(window, base_url)
-            else:
-                figures = run_vllm(trace_path, len(window), base_url, work, f"{target}-{repeat + 1}")
+            with EngineWatch() as watch:
+                if tool == "ours":
+                    figures = run_ours(window, base_url)
+                else:
+                    figures = run_vllm(trace_path, len(window), base_url, work, f"{target}-{repeat + 1}")
+            figures["other_engine_share"] = watch.report()["share_with_foreign_engine"]
             runs[tool].append(figures)
             say(f"[{target}] {tool} run {repeat + 1}: " + ", ".join(
                 f"{m} {fmt(figures[m], 4)}" for m in METRICS) + f", completed {figures['completed']}")
@@ -198,7 +202,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 repeat per tool, 8 s window")
     parser.add_argument("--repeats", type=int, default=None, help="runs per tool per target (default 3)")
     parser.add_argument("--window-s", type=float, default=None, help="wall seconds (default 20; quick 8)")
-    parser.add_argument("--speedup", type=float, default=3.0)
+    parser.add_argument("--speedup", type=float, default=3.0, help="echo target: replay this much faster")
+    parser.add_argument("--engine-speedup", type=float, default=1.0,
+                        help="engine target: replay this much faster (1: the recorded rate, which the "
+                        "2-CPU engine serves without a growing queue)")
     parser.add_argument("--trace", default=str(ROOT / "workloads" / "samples" / "translation_trace.jsonl"))
     parser.add_argument("--targets", default="echo,engine")
     parser.add_argument("--echo-ttft-ms", type=float, default=50.0)
@@ -208,18 +215,22 @@ def main() -> int:
     args.window_s = args.window_s or (8.0 if args.quick else 20.0)
     recorder = Recorder("replayer_fidelity", "Replayer fidelity: our replayer vs `vllm bench serve` (item 2)",
                         "quick" if args.quick else "full")
-    window = make_window(args)
     work = Path(tempfile.mkdtemp(prefix="replayer_fidelity."))
-    trace_path = work / "window.timed_trace.jsonl"
-    write_timed_trace(window, trace_path)
-    say(f"window: {len(window)} requests over {window.duration_s():.1f} s "
-        f"({len(window) / max(window.duration_s(), 1e-9):.1f} req/s); files in {work}")
     targets = [t for t in args.targets.split(",") if t]
     results: dict = {}
-    if "echo" in targets:
-        results["echo"] = echo_target(window, trace_path, work, args)
-    if "engine" in targets:
-        results["engine"] = engine_target(window, trace_path, work, args)
+    windows = {}
+    for target in targets:
+        speedup = args.speedup if target == "echo" else args.engine_speedup
+        window = make_window(args, speedup)
+        trace_path = work / f"{target}.timed_trace.jsonl"
+        write_timed_trace(window, trace_path)
+        windows[target] = {"requests": len(window), "speedup": speedup,
+                           "rate_rps": len(window) / max(window.duration_s(), 1e-9)}
+        say(f"{target} window: {len(window)} requests over {window.duration_s():.1f} s "
+            f"({windows[target]['rate_rps']:.1f} req/s); files in {work}")
+        run = echo_target if target == "echo" else engine_target
+        results[target] = run(window, trace_path, work, args)
+        results[target]["window"] = windows[target]
     goals = []
     for target, data in results.items():
         comparison = data["comparison"]
@@ -233,7 +244,8 @@ def main() -> int:
             note="outside: " + ", ".join(failing) if failing else "",
         ))
     settings = {
-        "window_requests": len(window), "window_wall_s": args.window_s, "speedup": args.speedup,
+        "windows": windows, "window_wall_s": args.window_s, "speedup_echo": args.speedup,
+        "speedup_engine": args.engine_speedup,
         "repeats": args.repeats, "echo_ttft_ms": args.echo_ttft_ms, "echo_itl_ms": args.echo_itl_ms,
         "trace": str(Path(args.trace).resolve().relative_to(ROOT)),
         "vllm_bench_command": next((r["command"] for d in results.values() for r in d["runs"]["vllm_bench"]), None),
@@ -258,7 +270,9 @@ def main() -> int:
 def tables(results: dict) -> str:
     lines = []
     for target, data in results.items():
-        lines += [f"## {target}: median over repeats (min-max)", ""]
+        w = data["window"]
+        lines += [f"## {target}: median over repeats (min-max)", "",
+                  f"{w['requests']} requests, {w['rate_rps']:.1f} req/s (trace replayed {w['speedup']:g}x).", ""]
         rows = []
         for metric in METRICS:
             c = data["comparison"][metric]
@@ -283,6 +297,9 @@ def tables(results: dict) -> str:
             f"{', '.join(fmt(r['duration_s']) for r in rs)} s" for tool, rs in runs.items()), ""]
         lags = [r["send_lag_p99_ms"] for r in runs["ours"]]
         lines += [f"Our replayer's send-lag p99: {', '.join(fmt(v) for v in lags)} ms.", ""]
+        lines += ["Share of each run during which another user's vLLM engine ran: " + "; ".join(
+            f"{tool} {', '.join(format(r['other_engine_share'], '.0%') for r in rs)}"
+            for tool, rs in runs.items()), ""]
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ class Step:
 
 def steps(quick: bool) -> list[Step]:
     q = ("--quick",) if quick else ()
-    grid_chunk = ("--max-points", "4" if quick else "8")
+    grid_chunk = ("--max-points", "5" if quick else "8")
     return [
         Step("trace_scale", ("benchmarks/trace_scale.py", *q), engine=False),
         Step("replayer_rate", ("benchmarks/replayer_rate.py", "--realtime", *q,

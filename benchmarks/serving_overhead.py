@@ -1,7 +1,7 @@
 """Serving overhead (item 1): the same engine driven in-process, through our server, through
 `vllm serve`; same engine config, same requests, same client code for the two HTTP columns.
 
-    .venv/bin/python benchmarks/serving_overhead.py [--quick] [--requests 256]
+    .venv/bin/python benchmarks/serving_overhead.py [--quick] [--requests 192]
         [--concurrency 8] [--output-len 32] [--rounds 3] [--repeats 3]
 
 Columns:
@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
-from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
+from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
 from server.config import ServerConfig, ServingSettings
 
@@ -291,6 +291,8 @@ def summarise(sessions: dict[str, list[dict]]) -> dict:
         repeats = [rep for session in rounds for rep in session["repeats"]]
         out[name] = {metric: spread([rep[metric] for rep in repeats]) for metric in METRICS}
         out[name]["ready_s"] = spread([session["ready_s"] for session in rounds])
+        out[name]["share_with_other_engine"] = spread(
+            [session["other_engines"]["share_with_foreign_engine"] for session in rounds])
     return out
 
 
@@ -308,7 +310,7 @@ def paired_ratios(sessions: dict[str, list[dict]], top: str, bottom: str, metric
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round, 2 repeats, 128 requests")
-    parser.add_argument("--requests", type=int, default=None, help="default 256 (quick 128)")
+    parser.add_argument("--requests", type=int, default=None, help="default 192 (quick 128)")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (quick 1)")
@@ -321,7 +323,7 @@ def main() -> int:
     if args.child_in_process:
         child_in_process(args)
         return 0
-    args.requests = args.requests or (128 if args.quick else 256)
+    args.requests = args.requests or (128 if args.quick else 192)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.repeats = args.repeats or (2 if args.quick else 3)
     columns = [c for c in args.columns.split(",") if c]
@@ -340,13 +342,19 @@ def main() -> int:
         for name in order:
             say(f"round {round_index + 1}/{args.rounds}: {name} (load {os.getloadavg()[0]:.2f})")
             load = os.getloadavg()[0]
-            session = run_column(name, work, config, prompts, args)
+            with EngineWatch() as watch:
+                session = run_column(name, work, config, prompts, args)
             session["round"] = round_index
+            session["column"] = name
+            session["order"] = len(order_log)
             session["load_1min_before"] = load
+            session["other_engines"] = watch.report()
             sessions[name].append(session)
             order_log.append(name)
             rps = [r["requests_per_s"] for r in session["repeats"]]
-            say(f"  {name}: ready {session['ready_s']:.1f} s, req/s " + ", ".join(f"{v:.2f}" for v in rps))
+            say(f"  {name}: ready {session['ready_s']:.1f} s, req/s " + ", ".join(f"{v:.2f}" for v in rps)
+                + f"; another user's engine ran {session['other_engines']['share_with_foreign_engine']:.0%} "
+                "of the time")
 
     summary = summarise(sessions)
     ratios = {}
@@ -386,6 +394,8 @@ def main() -> int:
         "engine_config": config.engine,
         "engine_effective": sessions["in_process"][0]["engine"] if "in_process" in sessions else None,
     }
+    contaminated = sorted({s["round"] + 1 for rounds in sessions.values() for s in rounds
+                           if s["other_engines"]["share_with_foreign_engine"] > 0})
     notes = [
         "Figures are medians over every measured repeat (rounds x repeats); 'spread' is min-max "
         "over those repeats. Paired ratios divide the two columns' medians within each round.",
@@ -395,6 +405,9 @@ def main() -> int:
         "The HTTP client (aiohttp, this process) and the server share the machine's 2 CPUs; "
         "so does the in-process column's own frontend. Other engineers' jobs ran on the same "
         "machine (see the load averages).",
+        "Another user's vLLM engine ran during part of round(s) "
+        f"{', '.join(map(str, contaminated)) or 'none'} (sampled once a second; per session in "
+        "'sessions[].other_engines'): those sessions competed for the CPUs.",
         "vllm_serve: `benchmarks/vllm_cli.py serve --config FILE` = vLLM's api_server module, what "
         "`vllm serve` runs with one API server; the `vllm` console script itself cannot start on "
         "this CPU (see benchmarks/vllm_cli.py).",
@@ -405,24 +418,25 @@ def main() -> int:
         results={"columns": summary, "ratios": ratios, "sessions": sessions},
         notes=notes,
     )
-    recorder.write(result, tables(summary, ratios))
+    recorder.write(result, tables(summary, ratios, sessions))
     for goal in goals:
         say(f"{goal.name}: {goal.measured:.3f} (target {goal.target}) {goal.note}")
     return 0
 
 
-def tables(summary: dict, ratios: dict) -> str:
+def tables(summary: dict, ratios: dict, sessions: dict[str, list[dict]]) -> str:
     def cell(s: dict, digits: int = 3) -> str:
         return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}-{fmt(s['max'], digits)})"
 
     lines = ["## Per column (median over repeats, min-max in brackets)", ""]
     lines += md_table(
         ["column", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms",
-         "TPOT p95 ms", "engine ready s", "repeats"],
+         "TPOT p95 ms", "engine ready s", "repeats", "time another engine ran (median)"],
         [
             [name, cell(s["requests_per_s"]), cell(s["output_tokens_per_s"], 4), cell(s["ttft_p50_ms"]),
              cell(s["ttft_p95_ms"]), cell(s["tpot_p50_ms"]), cell(s["tpot_p95_ms"]),
-             fmt(s["ready_s"]["median"]), s["requests_per_s"]["n"]]
+             fmt(s["ready_s"]["median"]), s["requests_per_s"]["n"],
+             f"{s['share_with_other_engine']['median']:.0%}"]
             for name, s in summary.items()
         ],
     )
@@ -435,7 +449,16 @@ def tables(summary: dict, ratios: dict) -> str:
             rows.append([key, metric, f"{r['ratio_of_medians']:.3f}",
                          f"{p['median']:.3f} ({p['min']:.3f}-{p['max']:.3f})"])
     lines += md_table(["ratio", "metric", "ratio of medians", "paired per round"], rows)
-    lines += ["", "Throughput ratios above 1 are better for the numerator; latency ratios below 1 are."]
+    lines += ["", "Throughput ratios above 1 are better for the numerator; latency ratios below 1 are.", ""]
+    lines += ["## Sessions in the order they ran", ""]
+    ordered = sorted((s for rounds in sessions.values() for s in rounds), key=lambda s: s["order"])
+    lines += md_table(
+        ["#", "round", "column", "load before", "engine ready s", "req/s per repeat",
+         "time another engine ran"],
+        [[s["order"] + 1, s["round"] + 1, s["column"], f"{s['load_1min_before']:.2f}", f"{s['ready_s']:.1f}",
+          ", ".join(f"{r['requests_per_s']:.2f}" for r in s["repeats"]),
+          f"{s['other_engines']['share_with_foreign_engine']:.0%}"] for s in ordered],
+    )
     return "\n".join(lines)
 
 

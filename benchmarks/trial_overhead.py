@@ -14,8 +14,9 @@ that does not measure anything.
                        compile cache saves)
      compile_warm_other enforce_eager false, another max_num_seqs / max_num_batched_tokens
                        on that cache (the next trial of a study changes exactly these)
-     eager_uni         eager plus distributed_executor_backend: uni (no separate worker
-                       process; not a tuner default, measured as a candidate)
+     eager#2           eager again, last: how far two starts of one config differ here
+   (`distributed_executor_backend: uni`, which would save the worker process, is not an
+   option: vLLM's CPU platform turns it back into `mp`.)
 
     .venv/bin/python benchmarks/trial_overhead.py [--quick] [--table results/benchmarks/search_grid]
         [--variants eager,compile_cold,...] [--rounds 1]
@@ -37,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import RESULTS, ROOT, Goal, Recorder, fmt, md_table, say, spread
+from benchlib import RESULTS, ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
 PHASES = ("launch_s", "ready_s", "warmup_s", "measure_s", "teardown_s")
-VARIANTS = ("eager", "compile_cold", "compile_warm", "compile_warm_other", "eager_uni")
-QUICK_VARIANTS = ("eager", "eager_uni")
+VARIANTS = ("eager", "compile_cold", "compile_warm", "compile_warm_other", "eager#2")
+QUICK_VARIANTS = ("eager", "compile_cold")
 _VLLM_STAMP = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d) ")
 _SPAWN = re.compile(r"^# autotune (\S+): starting")
 _INIT_DONE = "init engine (profile, create kv cache, warmup model) took"
@@ -107,12 +108,16 @@ def real_trials(table_path: Path) -> dict[str, Any]:
         trials.append({
             "label": point["label"], "wall_s": wall, **timing, "other_s": other,
             "non_measuring_s": wall - timing["measure_s"], "load_1min_before": point["load_1min_before"],
+            "other_engine_share": point.get("other_engine_share", 0.0),
             "start": breakdown,
         })
     summary: dict[str, Any] = {"trials": len(trials)}
     for key in (*PHASES, "other_s", "non_measuring_s", "wall_s"):
         summary[key] = spread([t[key] for t in trials])
     summary["non_measuring_share"] = spread([t["non_measuring_s"] / t["wall_s"] for t in trials])
+    alone = [t for t in trials if t["other_engine_share"] == 0]
+    summary["alone"] = {"trials": len(alone), "ready_s": spread([t["ready_s"] for t in alone]),
+                        "non_measuring_s": spread([t["non_measuring_s"] for t in alone])}
     with_start = [t["start"] for t in trials if t["start"]]
     summary["start_breakdown"] = {
         key: spread([s[key] for s in with_start]) for key in (with_start[0] if with_start else {})
@@ -132,14 +137,13 @@ def real_trials(table_path: Path) -> dict[str, Any]:
 def variant_config(name: str):
     from server.config import ServerConfig, ServingSettings
 
+    name = name.split("#")[0]  # "eager#2": the same config, started again
     config = ServerConfig.default()
     engine = dict(config.engine)
     if name.startswith("compile"):
         engine["enforce_eager"] = False
     if name == "compile_warm_other":
         engine.update(max_num_seqs=8, max_num_batched_tokens=512)
-    if name == "eager_uni":
-        engine["distributed_executor_backend"] = "uni"
     return config.model_copy(update={"engine": engine, "serving": ServingSettings(benchmark_mode=True)})
 
 
@@ -149,9 +153,10 @@ def start_variant(name: str, work: Path, cache_root: Path, run: int) -> dict[str
     from workloads.trace import Trace, TraceRequest
 
     config = variant_config(name)
-    config_path = work / f"{name}-{run}.yaml"
+    slug = name.replace("#", "-")
+    config_path = work / f"{slug}-{run}.yaml"
     config.write(config_path)
-    log_path = work / f"{name}-{run}.log"
+    log_path = work / f"{slug}-{run}.log"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(cache_root)}
     launcher = ServerLauncher(env=env, startup_timeout_s=600)
     load = os.getloadavg()[0]
@@ -193,8 +198,10 @@ def variants(names: list[str], rounds: int) -> list[dict[str, Any]]:
         cache_root.mkdir()
         for name in names:
             say(f"round {run + 1}: {name} (load {os.getloadavg()[0]:.2f})")
-            row = start_variant(name, work, cache_root, run)
+            with EngineWatch() as watch:
+                row = start_variant(name, work, cache_root, run)
             row["round"] = run
+            row["other_engine_share"] = watch.report()["share_with_foreign_engine"]
             runs.append(row)
             if row["ok"]:
                 say(f"  ready {row['ready_s']:.1f} s, {row['requests_per_s']:.2f} req/s, "
@@ -250,8 +257,8 @@ def main() -> int:
         "that break a relation are not launched at all; the MedianPruner stops a trial whose goodput "
         "so far is below the median after 40% of the window (live runs only, not in these figures); "
         "the warm-up is 4 short requests.",
-        "eager_uni (distributed_executor_backend: uni) is not something the tuner does: it is measured "
-        "here as a candidate, since one of the three Python processes a start spawns is the worker.",
+        "Not available on CPU: distributed_executor_backend uni (which would save the worker process, "
+        "one of the three Python processes a start spawns): vLLM's CPU platform sets it back to mp.",
         "Other engineers' jobs share the 2 CPUs: start times grow with the load (see "
         "ready_vs_load_correlation and each trial's load_1min_before).",
     ]
@@ -281,6 +288,11 @@ def tables(trials: dict, by_variant: dict, starts: list[dict]) -> str:
     share = s["non_measuring_share"]
     lines += ["", f"Non-measuring share of the trial wall: median {share['median']:.0%} "
                   f"(range {share['min']:.0%}-{share['max']:.0%}).", ""]
+    alone = s["alone"]
+    if alone["trials"]:
+        lines += [f"Trials during which no other user's vLLM engine ran ({alone['trials']}): engine "
+                  f"ready median {fmt(alone['ready_s']['median'])} s, non-measuring median "
+                  f"{fmt(alone['non_measuring_s']['median'])} s.", ""]
     if s.get("ready_vs_load_correlation") is not None:
         lines += [f"Correlation of engine start time with the machine's 1-min load average before "
                   f"the trial: {s['ready_vs_load_correlation']:.2f}.", ""]
@@ -296,8 +308,9 @@ def tables(trials: dict, by_variant: dict, starts: list[dict]) -> str:
                      fmt(v["teardown_s"]["median"]), v["ready_s"]["n"], v["failed"]])
     lines += md_table(["variant", "ready s", "req/s (128 req, c=8, 32 out)", "teardown s", "starts", "failed"], rows)
     lines += ["", "Per start:", ""]
-    lines += md_table(["round", "variant", "load before", "ready s", "start phases (s)", "req/s"], [
-        [r["round"] + 1, r["variant"], f"{r['load_1min_before']:.2f}",
+    lines += md_table(["round", "variant", "load before", "another engine ran", "ready s",
+                       "start phases (s)", "req/s"], [
+        [r["round"] + 1, r["variant"], f"{r['load_1min_before']:.2f}", f"{r['other_engine_share']:.0%}",
          fmt(r.get("ready_s")), ", ".join(f"{k.removesuffix('_s')} {v:.0f}" for k, v in (r.get("start") or {}).items())
          or r.get("failure", "-"), fmt(r.get("requests_per_s"))] for r in starts])
     return "\n".join(lines)
