@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import sqlite3
 import tempfile
 import threading
 import time
@@ -126,6 +127,37 @@ def check_writable(directory: Path) -> None:
             f"{directory}: cannot write results there ({error.strerror or error}); "
             f"pass a writable --output-dir"
         ) from None
+
+
+def check_sqlite_database(url: str) -> None:
+    """Refuse a damaged SQLite study file in one line before anything reads or writes it.
+
+    Unchecked, a damaged file fails at open with SQLAlchemy's several-line message, or (when the
+    damage is in pages read later) mid-study with a traceback. Other storages are not checked.
+    """
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return
+    path = Path(url[len(prefix) :].split("?", 1)[0])
+    if not path.is_file():
+        return
+    try:
+        uri = f"{path.resolve().as_uri()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            db.text_factory = bytes  # damaged text must not fail the check itself
+            rows = db.execute("PRAGMA quick_check").fetchall()
+        problems = [row[0].decode("utf-8", "replace") for row in rows]
+    except sqlite3.OperationalError as error:
+        if "locked" in str(error) or "busy" in str(error):
+            return  # in use by another process, not damaged; opening it will tell
+        problems = [str(error)]
+    except (sqlite3.Error, ValueError) as error:
+        problems = [str(error)]
+    if problems != ["ok"]:
+        raise AutotuneError(
+            f"study database {path} is damaged ({' '.join(problems[0].split())}); move it aside "
+            f"and start a new study (drop --resume), or pass another --output-dir / --storage"
+        )
 
 
 def server_seconds(outcome: Any) -> float:
@@ -270,11 +302,14 @@ class TuningStudy:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         options = self.options
         url = options.storage_url
+        check_sqlite_database(url)
         try:
             storage = optuna.storages.get_storage(url)
             existing = set(optuna.get_all_study_names(storage))
         except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
-            raise AutotuneError(f"--storage {url!r}: cannot open it: {error}") from None
+            # SQLAlchemy appends the SQL and a link on further lines: the first one says why.
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise AutotuneError(f"--storage {url!r}: cannot open it: {reason}") from None
         exists = options.study_name in existing
         if exists and not options.resume:
             raise AutotuneError(

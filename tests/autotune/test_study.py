@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
@@ -246,3 +249,59 @@ def test_weak_trials_are_pruned_mid_window_but_never_the_baseline(tmp_path: Path
         # Stopped only past the first 40% of the 9.5 s window, below the best complete one.
         assert max(trial.intermediate_values) >= int(0.4 * 9.5)
         assert trial.intermediate_values[max(trial.intermediate_values)] < best_complete
+
+
+@pytest.fixture(scope="module")
+def study_database(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A study.db with three measured trials (fake runner), as bytes."""
+    folder = tmp_path_factory.mktemp("study")
+    make_study(folder, FakeRunner(), n_trials=3).run_search()
+    return (folder / "study.db").read_bytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    damage=st.sampled_from(["truncate", "overwrite", "zero"]),
+    where=st.floats(0, 1, exclude_max=True),
+    length=st.integers(1, 512),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_damaged_study_database_is_refused_in_one_line_or_resumed(
+    tmp_path_factory: pytest.TempPathFactory,
+    study_database: bytes,
+    reliability,
+    damage: str,
+    where: float,
+    length: int,
+    seed: int,
+) -> None:
+    reliability.start(
+        "Study database corrupted (hypothesis)",
+        group="Bad input",
+        injected=(
+            "hypothesis: a real study.db (3 trials) truncated, or 1-512 bytes overwritten with "
+            "random bytes or zeros at any offset, then resumed for one more trial"
+        ),
+    )
+    folder = tmp_path_factory.mktemp("damaged")
+    data = bytearray(study_database)
+    at = int(where * len(data))
+    if damage == "truncate":
+        data = data[:at]
+    else:
+        noise = random.Random(seed).randbytes(length) if damage == "overwrite" else bytes(length)
+        data[at : at + length] = noise[: len(data) - at]
+    (folder / "study.db").write_bytes(bytes(data))
+    reliability.count(f"{damage}d files")
+    try:
+        study = make_study(folder, FakeRunner(), n_trials=4, resume=True).run_search()
+    except AutotuneError as error:
+        assert "\n" not in str(error) and str(folder) in str(error), str(error)
+        reliability.count("refused with one line naming the file")
+    else:
+        assert len(study.trials) >= 4  # the damage was in unused space: the study went on
+        reliability.count("resumed (damage in unused pages)")
+    reliability.held(
+        "no traceback: every damaged database was refused before any trial with one line "
+        "naming the file, or (damage in unused space) the study resumed"
+    )
