@@ -80,13 +80,20 @@ def test_ready_server_answers_then_stop_ends_whole_group(tmp_path: Path) -> None
 
 def test_stop_sees_the_servers_memory_come_back(tmp_path: Path) -> None:
     config = behaviour_file(tmp_path, allocate_mib=1024, spawn_child=True)
-    server = launcher(tmp_path).start(config, tmp_path / "server.log")
-    # The tolerance is well below what the server held, so "recovered" needs most of the GiB
-    # back; it is wide enough that other programs moving a few hundred MiB (CI runs engines
-    # beside this test) do not decide the outcome.
-    report = server.stop(memory_tolerance_bytes=300 * 2**20)
-    assert 1024 <= report.memory_held_mib < 1300
-    assert report.memory_recovered
+    # Available memory is a machine-wide reading: an engine starting elsewhere in the same
+    # 10 s can eat what the server gave back. A server that really kept its memory fails every
+    # attempt; other programs' noise does not fail three in a row.
+    reports = []
+    for attempt in range(3):
+        server = launcher(tmp_path).start(config, tmp_path / f"server-{attempt}.log")
+        # The tolerance is well below what the server held: "recovered" needs most of the GiB.
+        report = server.stop(memory_tolerance_bytes=300 * 2**20)
+        assert 1024 <= report.memory_held_mib < 1300
+        assert report.leftover_pids == []
+        reports.append(report)
+        if report.memory_recovered:
+            break
+    assert reports[-1].memory_recovered, reports
 
 
 def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:

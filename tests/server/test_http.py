@@ -139,7 +139,7 @@ BAD_REQUESTS = [
     ("/translate", {"source_lang": "en", "target_lang": "de"}, "text"),
     ("/v1/completions", {"prompt": [1, 2], "max_tokens": "ten"}, "max_tokens"),
     ("/v1/completions", {"prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
-    ("/v1/completions", {"prompt": [1, 2], "max_tokens": 5000}, "max_tokens"),
+    ("/v1/completions", {"prompt": [1, 2], "max_tokens": 40000}, "max_tokens"),  # > max_model_len
     ("/v1/completions", {"prompt": [1, 2, 10**9]}, "prompt"),
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": {"a": 1}}, "prompt"),
