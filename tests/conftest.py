@@ -226,6 +226,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_LOG] = ReliabilityLog(RESULTS)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "reliability" in getattr(item, "fixturenames", ()):

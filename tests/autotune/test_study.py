@@ -292,7 +292,7 @@ def test_a_damaged_study_database_is_refused_in_one_line_or_resumed(
         noise = random.Random(seed).randbytes(length) if damage == "overwrite" else bytes(length)
         data[at : at + length] = noise[: len(data) - at]
     (folder / "study.db").write_bytes(bytes(data))
-    reliability.count(f"{damage}d files")
+    reliability.count({"truncate": "truncated", "overwrite": "overwritten (random bytes)", "zero": "zeroed"}[damage] + " files")
     try:
         study = make_study(folder, FakeRunner(), n_trials=4, resume=True).run_search()
     except AutotuneError as error:
