@@ -17,7 +17,6 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Literal
 import psutil
 import pytest
 from pydantic import BaseModel
+
+from autotune.study import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 GROUPS = ("Faults during a study", "Bad input", "Overload", "Security defaults")
@@ -128,8 +129,8 @@ class ReliabilityLog:
         for record in self.records:
             merged[record.name] = record
         ordered = sorted(merged.values(), key=lambda r: (GROUPS.index(r.group), r.test, r.name))
-        write_atomic(json_path, _RecordFile(scenarios=ordered).model_dump_json(indent=2) + "\n")
-        write_atomic(self.directory / "reliability.md", render(ordered))
+        atomic_write_text(json_path, _RecordFile(scenarios=ordered).model_dump_json(indent=2) + "\n")
+        atomic_write_text(self.directory / "reliability.md", render(ordered))
 
 
 def test_exists(node_id: str) -> bool:
@@ -201,18 +202,6 @@ def render(records: list[ScenarioRecord]) -> str:
                 lines += ["", "| figure | value |", "| --- | --- |"]
                 lines += [f"| {name} | {value} |" for name, value in record.figures.items()]
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 _LOG = pytest.StashKey[ReliabilityLog]()
