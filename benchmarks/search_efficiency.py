@@ -565,11 +565,13 @@ def main() -> int:
     for name in ("measure", "replay"):
         p = sub.add_parser(name)
         p.add_argument("--quick", action="store_true",
-                       help=f"grid {QUICK_SEQS} x {QUICK_BATCHED}, 8 s window, table in /tmp")
+                       help=f"grid {QUICK_SEQS} x {QUICK_BATCHED}, 10 s window, table in /tmp")
         p.add_argument("--table", default=None)
         p.add_argument("--trace", default=str(TRACE))
-        p.add_argument("--window-s", type=float, default=None, help="wall seconds replayed per trial (default 10; quick 8)")
-        p.add_argument("--speedup", type=float, default=2.0)
+        p.add_argument("--window-s", type=float, default=None, help="wall seconds replayed per trial (default 15; quick 10)")
+        p.add_argument("--speedup", type=float, default=1.0,
+                       help="replay the trace this much faster (1: its recorded 4.5 req/s, which "
+                       "separates good configs from bad ones on the 2-CPU engine)")
         p.add_argument("--request-timeout", type=float, default=20.0)
     measure_parser = sub.choices["measure"]
     measure_parser.add_argument("--max-points", type=int, default=None,
@@ -585,7 +587,7 @@ def main() -> int:
     if args.table is None:
         args.table = "/tmp/search_grid_quick" if args.quick else str(RESULTS / "search_grid")
     if args.window_s is None:
-        args.window_s = 8.0 if args.quick else 10.0
+        args.window_s = 10.0 if args.quick else 15.0
     if args.command == "measure":
         return measure(args)
     args.seeds = args.seeds or (5 if args.quick else 20)

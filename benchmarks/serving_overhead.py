@@ -317,12 +317,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--columns", default=",".join(COLUMNS))
+    parser.add_argument("--render", type=Path, default=None,
+                        help="only rewrite the markdown of an existing result JSON (figures unchanged)")
     parser.add_argument("--child-in-process", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_in_process:
         child_in_process(args)
         return 0
+    if args.render:
+        return render(args.render)
     args.requests = args.requests or (128 if args.quick else 192)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.repeats = args.repeats or (2 if args.quick else 3)
@@ -394,14 +398,31 @@ def main() -> int:
         "engine_config": config.engine,
         "engine_effective": sessions["in_process"][0]["engine"] if "in_process" in sessions else None,
     }
+    notes = notes_for(sessions)
+    result = recorder.result(
+        settings=settings,
+        goals=goals,
+        results={"columns": summary, "ratios": ratios, "sessions": sessions},
+        notes=notes,
+    )
+    recorder.write(result, tables(summary, ratios, sessions))
+    for goal in goals:
+        say(f"{goal.name}: {goal.measured:.3f} (target {goal.target}) {goal.note}")
+    return 0
+
+
+def notes_for(sessions: dict[str, list[dict]]) -> list[str]:
     contaminated = sorted({s["round"] + 1 for rounds in sessions.values() for s in rounds
                            if s["other_engines"]["share_with_foreign_engine"] > 0})
-    notes = [
+    return [
         "Figures are medians over every measured repeat (rounds x repeats); 'spread' is min-max "
         "over those repeats. Paired ratios divide the two columns' medians within each round.",
         "One engine at a time: the columns of a round run one after another, each with its own "
-        "engine start (ready_s), and the column order rotates between rounds so that a slow "
-        "period on the shared machine does not always hit the same column.",
+        "engine start, and the column order rotates between rounds so that a slow period on the "
+        "shared machine does not always hit the same column.",
+        "Engine ready: for the HTTP columns from the server process's spawn to /health 200 "
+        "(Python, torch and vLLM imports included); for in_process from the AsyncLLM constructor "
+        "call in an already started interpreter, so the columns' ready times are not comparable.",
         "The HTTP client (aiohttp, this process) and the server share the machine's 2 CPUs; "
         "so does the in-process column's own frontend. Other engineers' jobs ran on the same "
         "machine (see the load averages).",
@@ -412,15 +433,21 @@ def main() -> int:
         "`vllm serve` runs with one API server; the `vllm` console script itself cannot start on "
         "this CPU (see benchmarks/vllm_cli.py).",
     ]
-    result = recorder.result(
-        settings=settings,
-        goals=goals,
-        results={"columns": summary, "ratios": ratios, "sessions": sessions},
-        notes=notes,
-    )
-    recorder.write(result, tables(summary, ratios, sessions))
-    for goal in goals:
-        say(f"{goal.name}: {goal.measured:.3f} (target {goal.target}) {goal.note}")
+
+
+def render(path: Path) -> int:
+    """Rewrite NAME.md (and the notes in NAME.json) from a run's JSON with the current text;
+    every measured figure, the command and the date stay as they were."""
+    from benchlib import BenchmarkResult, render_markdown, write_text_atomic
+
+    path = path.resolve()
+    result = BenchmarkResult.model_validate_json(path.read_text())
+    data = result.results
+    result.notes = notes_for(data["sessions"])
+    write_text_atomic(path, result.model_dump_json(indent=2) + "\n")
+    folder = str(path.parent.relative_to(ROOT))
+    write_text_atomic(path.with_suffix(".md"), render_markdown(
+        result, tables(data["columns"], data["ratios"], data["sessions"]), folder))
     return 0
 
 
