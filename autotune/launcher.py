@@ -358,7 +358,9 @@ class ServerProcess:
         self,
         *,
         grace_s: float = 20.0,
-        kill_wait_s: float = 10.0,
+        # Returns as soon as the group is gone; the long bound is for a process that sits in
+        # the kernel (page faults on a machine under heavy load) and takes a while to die.
+        kill_wait_s: float = 30.0,
         memory_wait_s: float = 10.0,
         memory_tolerance_bytes: int | None = None,
     ) -> TeardownReport:
