@@ -219,7 +219,8 @@ def render_markdown(result: BenchmarkResult, tables: str, folder: str = "results
                     goal.name,
                     goal.target,
                     "-" if goal.measured is None else f"{goal.measured:.4g}",
-                    {True: "yes", False: "**no**", None: "not measured"}[goal.met]
+                    ({True: "yes", False: "**no**"}[goal.met] if goal.met is not None
+                     else "not measured" if goal.measured is None else "no numeric target")
                     + (f" ({goal.note})" if goal.note else ""),
                 ]
                 for goal in result.goals
