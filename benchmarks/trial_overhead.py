@@ -19,7 +19,7 @@ that does not measure anything.
    option: vLLM's CPU platform turns it back into `mp`.)
 
     .venv/bin/python benchmarks/trial_overhead.py [--quick] [--table results/benchmarks/search_grid]
-        [--variants eager,compile_cold,...] [--rounds 1]
+        [--variants eager,compile_cold,...] [--rounds 2]
 
 Results: results/benchmarks/trial_overhead.{json,md}.
 """
@@ -217,8 +217,9 @@ def main() -> int:
     parser.add_argument("--table", default=None, help="search-grid table folder (default: "
                         "results/benchmarks/search_grid; quick: /tmp/search_grid_quick)")
     parser.add_argument("--variants", default=None)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=None, help="default 2 (quick 1)")
     args = parser.parse_args()
+    args.rounds = args.rounds or (1 if args.quick else 2)
     table_dir = Path(args.table or ("/tmp/search_grid_quick" if args.quick else RESULTS / "search_grid"))
     names = [v for v in (args.variants or ",".join(QUICK_VARIANTS if args.quick else VARIANTS)).split(",") if v]
     recorder = Recorder("trial_overhead", "Trial overhead: where a trial's time goes (item 4)",
@@ -235,6 +236,7 @@ def main() -> int:
             "ready_s": spread([r["ready_s"] for r in rows]),
             "requests_per_s": spread([r["requests_per_s"] for r in rows]),
             "teardown_s": spread([r["teardown_s"] for r in rows]),
+            "engine_init_s": spread([r["start"]["engine_init_s"] for r in rows if r.get("start")]),
             "failed": sum(1 for r in starts if r["variant"] == name and not r["ok"]),
         }
     share = s["non_measuring_share"]["median"]
@@ -304,9 +306,16 @@ def tables(trials: dict, by_variant: dict, starts: list[dict]) -> str:
     lines += ["## Engine-start variants (tuner's launcher; one start each per round)", ""]
     rows = []
     for name, v in by_variant.items():
-        rows.append([name, fmt(v["ready_s"]["median"]), fmt(v["requests_per_s"]["median"]),
-                     fmt(v["teardown_s"]["median"]), v["ready_s"]["n"], v["failed"]])
-    lines += md_table(["variant", "ready s", "req/s (128 req, c=8, 32 out)", "teardown s", "starts", "failed"], rows)
+        init = v["engine_init_s"]
+        rows.append([name, fmt(v["ready_s"]["median"]),
+                     f"{fmt(init['median'])} ({fmt(init['min'])}-{fmt(init['max'])})",
+                     fmt(v["requests_per_s"]["median"]), fmt(v["teardown_s"]["median"]), v["ready_s"]["n"],
+                     v["failed"]])
+    lines += md_table(["variant", "ready s (median)", "engine init s (median, min-max)",
+                       "req/s (128 req, c=8, 32 out)", "teardown s", "starts", "failed"], rows)
+    lines += ["", "Engine init = model load, KV-cache allocation, profiling and (with compile) "
+                  "torch.compile: the phase the compile settings change; the import phases before it "
+                  "vary by tens of seconds from start to start on this shared machine.", ""]
     lines += ["", "Per start:", ""]
     lines += md_table(["round", "variant", "load before", "another engine ran", "ready s",
                        "start phases (s)", "req/s"], [
