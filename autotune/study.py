@@ -80,8 +80,8 @@ class StudyOptions:
     n_trials: int | None = 6  # total, the baseline included
     time_budget_s: float | None = None  # for the search; the gate comes after
     seed: int = 0
-    top_k: int = 2
-    repeats: int = 2
+    top_k: int = 3
+    repeats: int = 3
     prune: bool = True
 
     @property
