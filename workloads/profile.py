@@ -30,6 +30,9 @@ LENGTH_SAMPLE_SIZE = 2000
 # Fingerprint rounding: enough digits to tell traces apart, few enough to survive
 # platform-level float noise in percentiles and means.
 _FINGERPRINT_DIGITS = 6
+# Ranks by counting need an array of max(values) + 1 counters: only when that is at most
+# this many times the number of values (else sort, as scipy does).
+_COUNTING_RANK_FACTOR = 4
 
 
 class _Model(BaseModel):
@@ -197,11 +200,26 @@ def _length_stats(lengths: np.ndarray) -> LengthStats:
     )
 
 
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """`scipy.stats.rankdata(values)` (ties share their mean rank), by counting when the
+    values are integers in a small range (token counts): several times faster than sorting,
+    and the ranks are whole or half numbers, so both ways give exactly the same floats."""
+    small = values.dtype.kind == "i" and len(values) > 0 and values.min() >= 0
+    if not small or values.max() > _COUNTING_RANK_FACTOR * len(values):
+        return stats.rankdata(values)
+    counts = np.bincount(values)
+    last = np.cumsum(counts)  # the rank of the last of each value's ties
+    return (last - (counts - 1) / 2.0)[values]
+
+
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman's rho exactly as `scipy.stats.spearmanr` computes it (Pearson correlation
+    of the average ranks, by `np.corrcoef` on the same n x 2 array)."""
     if len(a) < 3 or np.all(a == a[0]) or np.all(b == b[0]):
         return None
-    rho = stats.spearmanr(a, b).statistic
-    return None if not math.isfinite(rho) else float(rho)
+    ranks = np.column_stack([_average_ranks(a), _average_ranks(b)])
+    rho = float(np.corrcoef(ranks, rowvar=False)[1, 0])
+    return None if not math.isfinite(rho) else rho
 
 
 def _prefix_sharing(trace: Trace) -> PrefixSharing | None:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from workloads.profile import format_profile, profile_trace, write_plots
+from workloads.profile import _spearman, format_profile, profile_trace, write_plots
 from workloads.trace import Trace, load_trace
 
 
@@ -103,3 +104,15 @@ def test_plots_are_written(tmp_path: Path) -> None:
     assert names == ["arrivals.png", "concurrency.png", "in_out.png", "lengths.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "top",
+    [3, 600, 2**31 - 1],  # many ties; typical token counts; too wide to count (sorts)
+)
+def test_spearman_is_scipys_to_the_last_bit(top: int) -> None:
+    rng = np.random.default_rng(top)
+    inputs = rng.integers(1, top + 1, size=5000)
+    outputs = np.maximum(1, inputs // 2 + rng.integers(0, top // 3 + 1, size=5000))
+    expected = stats.spearmanr(inputs, outputs).statistic
+    assert _spearman(inputs, outputs) == expected

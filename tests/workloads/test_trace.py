@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from workloads import trace as trace_module
 from workloads.errors import TraceError, WorkloadError
 from workloads.trace import (
     Trace,
@@ -369,3 +370,163 @@ def test_one_bad_value_is_reported_with_its_file_line_and_field(
         "one bad value anywhere in a valid trace: TraceError naming exactly that file, line and "
         "field (`{path}:{line}: field '{field}' = {value!r}: {reason}`)"
     )
+
+
+# Values the fast (orjson, columnar) path and the careful (json, per-line) path might read
+# differently: integers beyond 64 bits, long and exponent floats, -0, NaN/Infinity (json
+# only), lone surrogates (json only), escapes, duplicate keys, nulls, bools.
+TRICKY_NUMBERS = [
+    *"0 -0 -0.0 -1 -2.5 -1e-300 1 1.0 2.5 1e3 1E+2 0.1e1 1e-400 1e400 4.9e-324".split(),
+    *'123456789.123456789123 9007199254740993 NaN -Infinity true null "7" []'.split(),
+    *map(str, [2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, -(2**63) - 1]),
+]
+TRICKY_STRINGS = ['"en"', '"\\u00e9\\n"', '"\\ud800"', '"\\ud83d\\ude00"', '""', "null", "1"]
+TRICKY_HASH_IDS = [
+    *"[] null [0,-1] [1.0] [true] [[1]] {}".split(),
+    *(f"[{ids}]" for ids in (f"{2**63 - 1},{-(2**63)}", 2**63, 2**64 + 1)),
+]
+TRICKY = {
+    "timestamp": TRICKY_NUMBERS,
+    "input_length": TRICKY_NUMBERS,
+    "output_length": TRICKY_NUMBERS,
+    "hash_ids": TRICKY_HASH_IDS,
+    "source_lang": TRICKY_STRINGS,
+    "session_id": TRICKY_STRINGS,
+    "latency_ms": TRICKY_NUMBERS,
+}
+TRICKY_VALUES = [(name, value) for name, values in TRICKY.items() for value in values]
+
+
+@st.composite
+def tricky_line(draw: st.DrawFn) -> str:
+    """A valid line with up to two fields given a tricky value, sometimes a field missing,
+    a field twice (json keeps the last), an unknown field or a broken frame."""
+    fields = {"timestamp": "5", "input_length": "3", "output_length": "4"}
+    optional = {
+        "hash_ids": "[1, 2]",
+        "source_lang": '"en"',
+        "session_id": '"s1"',
+        "latency_ms": "12.5",
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
+        fields[name] = optional[name]
+    for name, value in draw(st.lists(st.sampled_from(TRICKY_VALUES), max_size=2)):
+        fields[name] = value
+    items = [f'"{name}": {value}' for name, value in fields.items()]
+    change = draw(st.sampled_from(["none"] * 8 + ["drop", "twice", "unknown"]))
+    if change == "drop":
+        del items[draw(st.integers(0, 2))]
+    elif change == "twice":
+        name = draw(st.sampled_from(sorted(TRICKY)))
+        items.append(f'"{name}": {draw(st.sampled_from(TRICKY[name]))}')
+    elif change == "unknown":
+        items.append('"prompt": "hi"')
+    frame = draw(st.sampled_from(["{%s}"] * 8 + [" {%s} \r", "[{%s}]", "{%s"]))
+    return frame % ", ".join(items)
+
+
+GOOD_LINE = '{"timestamp": %d, "input_length": 3, "output_length": 4, "source_lang": "de"}'
+
+
+def careful_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every chunk miss the fast path, so each line goes through `_parse_line`."""
+    monkeypatch.setattr(trace_module, "_parse_chunk", lambda lines: None)
+
+
+def outcome(path: Path, skip: bool, chunk_lines: int) -> tuple:
+    """Everything a user can see of a load: the columns, the counts, or the error."""
+    try:
+        loaded = read_trace(path, skip_invalid=skip, chunk_lines=chunk_lines)
+    except WorkloadError as error:
+        return ("error", type(error).__name__, str(error))
+    trace = loaded.trace
+    return (
+        trace.timestamps_ms.tolist(),
+        trace.input_lengths.tolist(),
+        trace.output_lengths.tolist(),
+        None if trace.hash_ids is None else list(trace.hash_ids),
+        trace.source_langs,
+        trace.session_ids,
+        None if trace.latencies_ms is None else [repr(x) for x in trace.latencies_ms.tolist()],
+        loaded.lines_read,
+        loaded.invalid,
+        [str(error) for error in loaded.errors],
+        loaded.reordered,
+    )
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(
+        tricky_line() | st.integers(0, 9).map(lambda t: GOOD_LINE % t) | st.just("  "),
+        min_size=1,
+        max_size=10,
+    ),
+    skip=st.booleans(),
+)
+def test_fast_path_and_careful_path_give_the_same_result(
+    tmp_path: Path, lines: list[str], skip: bool
+) -> None:
+    # Any chunk the fast path accepts must load exactly as the careful path would load it,
+    # and a chunk it refuses must still report the careful path's error for the right line.
+    path = tmp_path / "tricky.jsonl"
+    path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        # Chunks of one line judge each line alone; chunks of four mix lines.
+        fast = [outcome(path, skip, chunk_lines) for chunk_lines in (1, 4)]
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            careful_only(monkeypatch)
+            careful = outcome(path, skip, 4)
+    assert fast == [careful, careful]
+
+
+@pytest.mark.parametrize(("name", "value"), TRICKY_VALUES)
+def test_each_tricky_value_loads_as_the_careful_path_loads_it(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    line = '{"timestamp": 5, "input_length": 3, "output_length": 4, "%s": %s}' % (name, value)
+    path = write_lines(tmp_path / "one.jsonl", [GOOD_LINE % 1, line, GOOD_LINE % 9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        fast = {(skip, n): outcome(path, skip, n) for skip in (False, True) for n in (1, 3)}
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            careful_only(monkeypatch)
+            careful = {skip: outcome(path, skip, 3) for skip in (False, True)}
+    assert fast == {(skip, n): careful[skip] for skip, n in fast}
+
+
+def test_well_formed_chunks_take_the_fast_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Speed depends on it: a valid file (blank lines, big timestamps, nulls included) must
+    # not fall back to line-by-line parsing.
+    lines = [GOOD_LINE % t for t in range(10)]
+    lines[3] = '{"timestamp": %d, "input_length": 3, "output_length": 4}' % 2**64
+    lines[5] = '{"timestamp": 5, "input_length": 3, "output_length": 4, "hash_ids": null}'
+    lines.insert(6, "")
+    path = write_lines(tmp_path / "t.jsonl", lines)
+    took_fast_path: list[bool] = []
+    fast = trace_module._parse_chunk
+
+    def spy(chunk: list[bytes]) -> tuple | None:
+        columns = fast(chunk)
+        took_fast_path.append(columns is not None)
+        return columns
+
+    monkeypatch.setattr(trace_module, "_parse_chunk", spy)
+    with pytest.warns(TraceWarning, match="not in ascending order"):
+        trace = load_trace(path)
+    assert len(trace) == 10 and took_fast_path == [True]
+    assert trace.timestamps_ms[-1] == float(2**64)
+
+
+def test_nan_latency_is_reported_on_its_line(tmp_path: Path) -> None:
+    good = '{"timestamp": 0, "input_length": 2, "output_length": 3, "latency_ms": 5}'
+    bad = '{"timestamp": 0, "input_length": 2, "output_length": 3, "latency_ms": NaN}'
+    path = write_lines(tmp_path / "t.jsonl", [good, good, bad, good])
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    assert str(caught.value) == f"{path}:3: field 'latency_ms' = nan: must be finite"
