@@ -460,12 +460,7 @@ class ServerLauncher:
         command: Sequence[str] | None = None,
         extra_args: Sequence[str] = ("--benchmark-mode",),
         env: dict[str, str] | None = None,
-        niceness: int = 0,
     ):
-        # niceness: how far below the tuner's own CPU priority the server (and the engine
-        # processes it spawns) runs.
-        if not 0 <= niceness <= 19:
-            raise ValueError(f"server niceness = {niceness!r}: must be 0-19 (0 = the tuner's own priority)")
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.registry = registry
@@ -473,7 +468,6 @@ class ServerLauncher:
         self.command = list(command) if command is not None else [python, "-m", "server"]
         self.extra_args = list(extra_args)
         self.env = env
-        self.niceness = niceness
 
     def start(
         self, config_path: Path, log_path: Path, *, trial: str = "", port: int | None = None
@@ -519,12 +513,6 @@ class ServerLauncher:
                 start_new_session=True,
                 env=self.env,
             )
-        if self.niceness:
-            # Set before the server spawns its engine processes (seconds later, after its
-            # imports), so they inherit it.
-            lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.niceness)
-            with contextlib.suppress(ProcessLookupError):
-                os.setpriority(os.PRIO_PROCESS, popen.pid, lower)
         server = ServerProcess(
             popen,
             host=self.host,

@@ -177,7 +177,6 @@ class TrialRunner:
         max_error_fraction: float = 0.05,
         request_timeout_s: float = 600,
         server_command: Sequence[str] | None = None,
-        server_niceness: int = 0,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -197,7 +196,6 @@ class TrialRunner:
         self.max_error_fraction = max_error_fraction
         self.request_timeout_s = request_timeout_s
         self.server_command = server_command
-        self.server_niceness = server_niceness
 
     def run(
         self,
@@ -243,7 +241,6 @@ class TrialRunner:
             registry=StaleServerRegistry(self.stale_registry) if self.stale_registry else None,
             study=trial.dir.parent.name,
             command=self.server_command,
-            niceness=self.server_niceness,
         )
         try:
             server = launcher.start(

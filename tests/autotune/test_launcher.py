@@ -78,22 +78,6 @@ def test_ready_server_answers_then_stop_ends_whole_group(tmp_path: Path) -> None
     assert "--benchmark-mode" in log.read_text().splitlines()[0]
 
 
-def test_niced_server_and_the_processes_it_spawns_run_at_the_lower_priority(tmp_path: Path) -> None:
-    # The tuner's replayer must keep its schedule while the engine takes every core.
-    config = behaviour_file(tmp_path, ready_after_s=0.5, spawn_child=True)
-    log = tmp_path / "server.log"
-    server = launcher(tmp_path, niceness=7).start(config, log)
-    try:
-        [child] = child_pids_from_log(log)
-        base = os.getpriority(os.PRIO_PROCESS, 0)
-        assert psutil.Process(server.pid).nice() == base + 7
-        assert psutil.Process(child).nice() == base + 7
-    finally:
-        server.stop()
-    with pytest.raises(ValueError, match="niceness = 20"):
-        launcher(tmp_path, niceness=20)
-
-
 def test_stop_sees_the_servers_memory_come_back(tmp_path: Path) -> None:
     config = behaviour_file(tmp_path, allocate_mib=1024, spawn_child=True)
     # Available memory is a machine-wide reading: an engine starting elsewhere in the same
