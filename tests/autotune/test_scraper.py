@@ -10,11 +10,16 @@ import httpx
 import pytest
 
 from autotune.scraper import (
+    KV_CACHE_USAGE,
+    NUM_RUNNING,
+    NUM_WAITING,
+    TIMELINE_GAUGES,
     Histogram,
     MetricSample,
     MetricsSampler,
     MetricsScraper,
     parse_metrics,
+    parse_scalars,
     server_metrics,
 )
 
@@ -141,6 +146,24 @@ def test_preemptions_are_diffed_in_every_spelling(header: str, sample: str) -> N
     after = parse_metrics(header + line.format(7.0))
     assert server_metrics(before, after, []).preemptions == 3.0
     assert server_metrics(before, after, []).ttft_mean_ms is None
+
+
+@pytest.mark.parametrize("name", ["metrics_vllm_0_32.txt", "metrics_vllm_0_24_names.txt"])
+def test_the_timeline_line_scan_reads_what_the_full_parse_reads(name: str) -> None:
+    text = (FIXTURES / name).read_text()
+    full = parse_metrics(text)
+    # A longer name sharing a wanted prefix, and a label value holding a space and a brace.
+    text += (
+        'vllm:num_requests_running_extra{engine="0"} 99.0\n'
+        'vllm:num_requests_running{engine="1",model_name="my model}"} 2.0\n'
+    )
+    scanned = parse_scalars(text, TIMELINE_GAUGES)
+    for names in (KV_CACHE_USAGE, NUM_RUNNING, NUM_WAITING):
+        expected = full.value(names)
+        if names is NUM_RUNNING:
+            expected = (expected or 0.0) + 2.0
+        assert scanned.value(names) == pytest.approx(expected)
+    assert set(scanned.scalars) <= set(TIMELINE_GAUGES) and not scanned.histograms
 
 
 def test_sampler_builds_a_timeline_and_skips_failed_scrapes() -> None:
