@@ -30,10 +30,14 @@ from types import NoneType
 from typing import Any, overload
 
 import numpy as np
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workloads.errors import TraceError, WorkloadError
+
+try:
+    import orjson
+except ImportError:  # e.g. an offline GPU host's kit without it: every chunk goes line by line
+    orjson = None  # type: ignore[assignment]
 
 # Token counts beyond this are certainly a unit mistake, and they keep int64 sums safe.
 MAX_TOKENS = 2**31 - 1
@@ -526,6 +530,8 @@ def _parse_chunk(lines: list[bytes]) -> tuple | None:
     an integer beyond 64 bits comes back as a float of the same value: fine for a
     timestamp or latency, and a float where a count or block id belongs falls back.
     """
+    if orjson is None:
+        return None
     try:
         records = list(map(orjson.loads, lines))
     except orjson.JSONDecodeError:

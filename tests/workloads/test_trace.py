@@ -523,6 +523,20 @@ def test_well_formed_chunks_take_the_fast_path(
     assert trace.timestamps_ms[-1] == float(2**64)
 
 
+def test_without_orjson_a_trace_loads_the_same_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # orjson only speeds loading up; a host without it (an offline kit) loads every trace.
+    lines = [GOOD_LINE % t for t in range(10)]
+    lines[4] = '{"timestamp": 4, "input_length": 3, "output_length": 4, "latency_ms": 12.5}'
+    path = write_lines(tmp_path / "t.jsonl", lines)
+    with_orjson = outcome(path, False, 4)
+    monkeypatch.setattr(trace_module, "orjson", None)
+    assert outcome(path, False, 4) == with_orjson
+    bad = write_lines(tmp_path / "bad.jsonl", [GOOD_LINE % 0, '{"timestamp": 1, "input_length": 0, "output_length": 4}'])
+    assert outcome(bad, False, 4)[2].endswith("bad.jsonl:2: field 'input_length' = 0: must be >= 1 token")
+
+
 def test_nan_latency_is_reported_on_its_line(tmp_path: Path) -> None:
     good = '{"timestamp": 0, "input_length": 2, "output_length": 3, "latency_ms": 5}'
     bad = '{"timestamp": 0, "input_length": 2, "output_length": 3, "latency_ms": NaN}'
