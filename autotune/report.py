@@ -90,7 +90,9 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
     for trial in trials:
         params = trial.user_attrs.get("engine_params", {})
         explicit = trial.user_attrs.get("explicit", [])
-        label = trial_label(trial.number) + (" (baseline)" if is_baseline(trial) else "")
+        label = trial_label(trial.number) + (
+            " (baseline)" if is_baseline(trial) else " (warm start)" if trial.user_attrs.get("warm_start") else ""
+        )
         cells = [label]
         if hosts:
             host, worker = trial.user_attrs.get("host"), trial.user_attrs.get("worker")

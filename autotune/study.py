@@ -146,7 +146,9 @@ def check_sqlite_database(url: str) -> None:
         with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
             db.text_factory = bytes  # damaged text must not fail the check itself
             rows = db.execute("PRAGMA quick_check").fetchall()
-        problems = [row[0].decode("utf-8", "replace") for row in rows]
+            problems = [row[0].decode("utf-8", "replace") for row in rows]
+            if problems == ["ok"]:
+                problems = _damaged_json(db) or problems
     except sqlite3.OperationalError as error:
         if "locked" in str(error) or "busy" in str(error):
             return  # in use by another process, not damaged; opening it will tell
@@ -158,6 +160,33 @@ def check_sqlite_database(url: str) -> None:
             f"study database {path} is damaged ({' '.join(problems[0].split())}); move it aside "
             f"and start a new study (drop --resume), or pass another --output-dir / --storage"
         )
+
+
+# Optuna's columns holding JSON: bytes overwritten inside them pass SQLite's page checks but
+# fail Optuna mid-study (a decode error deep in SQLAlchemy), so they are checked up front.
+_JSON_COLUMNS = (
+    ("trial_user_attributes", "value_json"),
+    ("trial_system_attributes", "value_json"),
+    ("study_user_attributes", "value_json"),
+    ("study_system_attributes", "value_json"),
+    ("trial_params", "distribution_json"),
+)
+
+
+def _damaged_json(db: sqlite3.Connection) -> list[str]:
+    """The first JSON value of the study's tables that does not decode, as a problem line."""
+    tables = {row[0].decode() for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for table, column in _JSON_COLUMNS:
+        if table not in tables:
+            continue
+        for rowid, raw in db.execute(f"SELECT rowid, {column} FROM {table}"):  # noqa: S608 - fixed names
+            if raw is None:
+                continue
+            try:
+                json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+            except (UnicodeDecodeError, ValueError):
+                return [f"{table}.{column} of row {rowid} is not valid JSON"]
+    return []
 
 
 def server_seconds(outcome: Any) -> float:

@@ -7,9 +7,11 @@ tuner left RUNNING; Ctrl-C loses nothing; the gate re-runs candidates interleave
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -305,3 +307,16 @@ def test_a_damaged_study_database_is_refused_in_one_line_or_resumed(
         "no traceback: every damaged database was refused before any trial with one line "
         "naming the file, or (damage in unused space) the study resumed"
     )
+
+
+def test_a_broken_json_value_inside_an_intact_database_is_refused_up_front(tmp_path: Path) -> None:
+    # SQLite's own page check passes; Optuna would fail mid-study decoding the attribute.
+    make_study(tmp_path, FakeRunner(), n_trials=2).run_search()
+    with contextlib.closing(sqlite3.connect(tmp_path / "study.db")) as db:
+        db.execute("UPDATE trial_user_attributes SET value_json = '{\"broken' WHERE rowid = 1")
+        db.commit()
+    with pytest.raises(AutotuneError) as raised:
+        make_study(tmp_path, FakeRunner(), n_trials=3, resume=True).run_search()
+    message = str(raised.value)
+    assert "\n" not in message and "trial_user_attributes.value_json of row 1 is not valid JSON" in message
+    assert str(tmp_path / "study.db") in message
