@@ -545,8 +545,7 @@ def run_study(plan: dict[str, Any], warm: list[WarmStart], *, runner: Any) -> No
     )
     study = tuning.open()
     # Queue order is trial order: the deployed config first (trial 0), then the warm starts.
-    # TODO(hook): TuningStudy(warm_start=[...]) would make this private call unnecessary.
-    tuning._enqueue_baseline(study)
+    tuning.enqueue_baseline(study)
     for start in warm:
         study.enqueue_trial(start.params, user_attrs={"warm_start": start.why})
     options.resume = True  # execute() opens the study just created, queue included

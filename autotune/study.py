@@ -75,7 +75,9 @@ class Runner(Protocol):
 class StudyOptions:
     study_name: str
     output_dir: Path
-    storage: str | None = None  # default sqlite:///<output_dir>/study.db
+    # An Optuna RDB URL (default sqlite:///<output_dir>/study.db), or a storage object (the
+    # search benchmark replays studies in Optuna's in-memory storage).
+    storage: str | optuna.storages.BaseStorage | None = None
     resume: bool = False
     n_trials: int | None = 6  # total, the baseline included
     time_budget_s: float | None = None  # for the search; the gate comes after
@@ -86,7 +88,12 @@ class StudyOptions:
 
     @property
     def storage_url(self) -> str:
-        return self.storage or f"sqlite:///{(self.output_dir / 'study.db').resolve()}"
+        """The storage as text (messages, provenance)."""
+        if self.storage is None:
+            return f"sqlite:///{(self.output_dir / 'study.db').resolve()}"
+        if isinstance(self.storage, str):
+            return self.storage
+        return f"{type(self.storage).__name__} (this process only)"
 
     @property
     def registry_path(self) -> Path:
@@ -333,7 +340,8 @@ class TuningStudy:
         url = options.storage_url
         check_sqlite_database(url)
         try:
-            storage = optuna.storages.get_storage(url)
+            # get_storage passes a storage object through and opens a URL.
+            storage = optuna.storages.get_storage(url if isinstance(options.storage, str | None) else options.storage)
             existing = set(optuna.get_all_study_names(storage))
         except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
             # SQLAlchemy appends the SQL and a link on further lines: the first one says why.

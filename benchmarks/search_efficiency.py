@@ -27,7 +27,6 @@ results/benchmarks/search_efficiency.{json,md}; the trial timings feed trial_ove
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import math
 import os
@@ -35,7 +34,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,33 +261,10 @@ class TableRunner:
         return TrialOutcome.model_validate_json(outcome_path.read_text())
 
 
-MEMORY_URL = "memory://search-replay"
-
-
-@contextlib.contextmanager
-def in_memory_storage() -> Iterator[None]:
-    """While open, `optuna.storages.get_storage(MEMORY_URL)` gives a fresh in-memory storage.
-
-    A replay keeps nothing, and the default SQLite file's writes would take 10x the time of
-    the rest; the study code itself is unchanged (it asks Optuna for the storage by URL)."""
-    import optuna
-
-    real = optuna.storages.get_storage
-
-    def get_storage(storage):  # noqa: ANN001 - Optuna's own signature
-        if storage == MEMORY_URL:
-            return optuna.storages.InMemoryStorage()
-        return real(storage)
-
-    optuna.storages.get_storage = get_storage
-    try:
-        yield
-    finally:
-        optuna.storages.get_storage = real
-
-
 def run_tuner(table: Table, seed: int, n_trials: int, window, slos, defaults) -> list[Point]:
     """Our tuner over the table: the points it measured, in order."""
+    import optuna
+
     from autotune.objective import Objective
     from autotune.space import ParamSpec, SearchSpace
     from autotune.study import StudyOptions, TuningStudy
@@ -318,7 +293,8 @@ def run_tuner(table: Table, seed: int, n_trials: int, window, slos, defaults) ->
             n_trials=n_trials,
             seed=seed,
             prune=False,  # a pruned trial cannot be replayed from a table
-            storage=MEMORY_URL,
+            # Nothing to keep, and the default SQLite file's writes would take 10x the rest.
+            storage=optuna.storages.InMemoryStorage(),
         )
         study = TuningStudy(
             options=options,
@@ -334,9 +310,8 @@ def run_tuner(table: Table, seed: int, n_trials: int, window, slos, defaults) ->
             say=lambda _line: None,
             clock=clock,
         )
-        with in_memory_storage():
-            study.open()
-            study.run_search()
+        study.open()
+        study.run_search()
     points = table.by_key()
     by_label = {p.label: p for p in points.values()}
     return [by_label[label] for label in runner.calls]
