@@ -37,6 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autotune.errors import AutotuneError
+from autotune.ladder import LadderSettings
 from autotune.launcher import StaleServerRegistry, reap_stale_servers
 from autotune.run_cli import build_tuning, finish, redact, redact_argv
 from autotune.study import (
@@ -103,6 +104,7 @@ class SharedPlan(BaseModel):
     top_k: int
     repeats: int
     prune: bool = True
+    ladder: dict[str, Any] | None = None  # LadderSettings (capacity objective)
     mode: str
     speedup: float
     startup_timeout_s: float
@@ -137,6 +139,7 @@ class SharedPlan(BaseModel):
             top_k=options.top_k,
             repeats=options.repeats,
             prune=options.prune,
+            ladder=plan["ladder"].model_dump() if plan.get("ladder") is not None else None,
             mode=plan["workload"].get("mode", "timed"),
             speedup=float(plan["workload"].get("speedup", 1.0)),
             startup_timeout_s=startup_timeout_s,
@@ -181,6 +184,7 @@ class SharedPlan(BaseModel):
             "holdout": self.holdout_window.trace(),
             "workload": self.workload,
             "profile_text": self.profile_text,
+            "ladder": None if self.ladder is None else LadderSettings.model_validate(self.ladder),
         }
 
 
@@ -487,6 +491,7 @@ def run_worker(
                 slos=plan["slos"],
                 startup_timeout_s=shared.startup_timeout_s,
                 stale_registry=roster.registry_path,
+                ladder=plan["ladder"],
             )
         tuning = build_tuning(
             plan,
@@ -635,6 +640,7 @@ def finalize(
                 slos=plan["slos"],
                 startup_timeout_s=shared.startup_timeout_s,
                 stale_registry=registry,
+                ladder=plan["ladder"],
             )
         tuning = build_tuning(plan, runner=runner, effective=shared.effective_defaults, say=say, sleep=sleep)
         study = tuning.attach(storage)

@@ -1,5 +1,9 @@
-"""What a trial is worth: the objective (goodput, throughput or a Pareto pair) and the SLOs.
+"""What a trial is worth: the objective (capacity, goodput, throughput or a Pareto pair) and
+the SLOs.
 
+- `capacity` (default): the highest request rate at which every SLO holds, measured by the
+  load ladder (`autotune.ladder`) in one launch; shown as headroom over the recorded rate.
+  Maximised. A run "meets the SLOs" when its capacity covers the recorded rate (headroom >= 1).
 - `goodput` (default): requests per second that meet every per-request SLO, the same number
   `vllm bench serve --goodput` reports. Maximised.
 - `throughput`: completed requests per second. Maximised.
@@ -27,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from autotune.errors import AutotuneError
 from workloads.slo import SLO, parse_slo, request_tpot_ms
 
-ObjectiveKind = Literal["goodput", "throughput", "pareto"]
+ObjectiveKind = Literal["capacity", "goodput", "throughput", "pareto"]
 
 # Default SLOs for the embedded tiny model on a 2-core CPU under the sample translation trace
 # (measured, see docs in the report): a sane config keeps p95 TTFT well under a second and
@@ -49,7 +53,7 @@ class Objective(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    kind: ObjectiveKind = "goodput"
+    kind: ObjectiveKind = "capacity"
     latency_metric: str | None = None  # pareto only
     latency_percentile: float | None = None
 
@@ -60,7 +64,13 @@ class Objective(BaseModel):
     @property
     def label(self) -> str:
         """Name of the scalar the gate compares (pareto: its throughput side)."""
-        return "goodput" if self.kind == "goodput" else "throughput"
+        if self.kind in ("capacity", "goodput"):
+            return self.kind
+        return "throughput"
+
+    @property
+    def uses_ladder(self) -> bool:
+        return self.kind == "capacity"
 
     @property
     def unit(self) -> str:
@@ -76,14 +86,16 @@ class Objective(BaseModel):
 
 
 def parse_objective(text: str, slos: Sequence[SLO]) -> Objective:
-    """`goodput`, `throughput`, `pareto` or `pareto:e2el_p99`."""
+    """`capacity`, `goodput`, `throughput`, `pareto` or `pareto:e2el_p99`."""
     spec = text.strip().lower()
-    if spec in ("goodput", "throughput"):
+    if spec == "capacity" and not slos:
+        raise AutotuneError("--objective capacity needs at least one --slo (e.g. ttft_p95_ms=500)")
+    if spec in ("capacity", "goodput", "throughput"):
         return Objective(kind=spec)  # type: ignore[arg-type]
     match = _PARETO.match(spec)
     if match is None:
         raise AutotuneError(
-            f"--objective {text!r}: expected goodput, throughput, pareto or pareto:METRIC_pPCT "
+            f"--objective {text!r}: expected capacity, goodput, throughput, pareto or pareto:METRIC_pPCT "
             f"(e.g. pareto:e2el_p95)"
         )
     if match["metric"]:
@@ -108,6 +120,9 @@ class Evaluation(BaseModel):
     ok: bool  # the run completed (no failure)
     failure: str | None = None
     failure_detail: str | None = None
+    # capacity objective: req/s the config carries with every SLO met, and / recorded rate
+    capacity_rps: float | None = None
+    headroom: float | None = None
 
     @property
     def feasible(self) -> bool:
@@ -171,6 +186,8 @@ class _Record(BaseModel):
 def evaluate(outcome: Any, objective: Objective, slos: Sequence[SLO]) -> Evaluation:
     """Score a TrialOutcome. A failed or unmeasured run scores 0 and violates a 'ran'
     constraint, so the sampler ranks it below every run that worked."""
+    if objective.kind == "capacity":
+        return _evaluate_capacity(outcome, slos)
     summary = outcome.summary if outcome.ok else None
     measured: dict[str, float | None] = {}
     margins: dict[str, float | None] = {}
@@ -218,10 +235,40 @@ def evaluate(outcome: Any, objective: Objective, slos: Sequence[SLO]) -> Evaluat
     )
 
 
+def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
+    """Capacity found by the ladder. A ladder a crash cut short keeps what it measured (the
+    capacity below the crash), but the run is not `ok`: the gate never exports it."""
+    capacity = getattr(outcome, "capacity", None)
+    rps = float(capacity.capacity_rps) if capacity is not None else 0.0
+    step = capacity.passing_step() if capacity is not None else None
+    measured = {slo.spec(): (step.measured_ms.get(slo.spec()) if step else None) for slo in slos}
+    margins = {
+        slo.spec(): None if measured[slo.spec()] is None else measured[slo.spec()] - slo.threshold_ms
+        for slo in slos
+    }
+    headroom = capacity.headroom if capacity is not None else 0.0
+    return Evaluation(
+        values=[rps],
+        score=rps,
+        measured_ms=measured,
+        margins_ms=margins,
+        # Carrying anything at all is the only hard constraint: SLOs are inside the number.
+        constraints={"ran": 0.0 if rps > 0 else 1.0},
+        slo_met=bool(outcome.ok) and rps > 0 and headroom >= 1.0,
+        ok=bool(outcome.ok),
+        failure=outcome.failure,
+        failure_detail=outcome.failure_detail,
+        capacity_rps=rps,
+        headroom=headroom,
+    )
+
+
 def invalid_config_evaluation(objective: Objective, slos: Sequence[SLO], reason: str) -> Evaluation:
     """The score of a config that breaks a relation and was never launched."""
     constraints = {"ran": 1.0, **{f"slo:{slo.spec()}": 1.0 for slo in slos}}
     values = [0.0, math.inf] if objective.kind == "pareto" else [0.0]
+    if objective.kind == "capacity":
+        constraints = {"ran": 1.0}
     return Evaluation(
         values=values,
         score=0.0,

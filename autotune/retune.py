@@ -446,6 +446,7 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
             slos=plan["slos"],
             startup_timeout_s=args.startup_timeout,
             stale_registry=work_dir / "servers.json",
+            ladder=plan["ladder"],
         )
     run_study(plan, warm, runner=runner)
     return publish(args, deployed, current, report, plan, warm, out_dir, version)

@@ -64,9 +64,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--slo", action="append", default=None, metavar="METRIC_pPCT_ms=MS",
         help="an SLO, repeatable, e.g. --slo ttft_p95_ms=500 (default on CPU: "
              "ttft_p95_ms=1000 and tpot_p95_ms=100; on GPU: ttft_p95_ms=500 and tpot_p95_ms=50)")
-    add("--objective", default="goodput",
-        help="goodput (req/s meeting every SLO), throughput, or pareto[:METRIC_pPCT] "
-             "(throughput vs a latency percentile) (default: %(default)s)")
+    add("--objective", default="capacity",
+        help="capacity (the highest req/s at which every SLO holds, found by a load ladder in "
+             "one launch per config), goodput (req/s meeting every SLO at the recorded rate), "
+             "throughput, or pareto[:METRIC_pPCT] (throughput vs a latency percentile) "
+             "(default: %(default)s)")
+    add("--step-requests", type=int, default=None, metavar="N",
+        help="capacity ladder: requests per load step, at least (default: 200 on GPU, 60 on CPU)")
+    add("--ladder-resolution", type=float, default=0.1, metavar="R",
+        help="capacity ladder: stop bisecting when the failing rate is within this fraction "
+             "of the passing one (default: %(default)s)")
     add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
         help="seconds of trace replayed per search trial (default: %(default)s)")
@@ -125,6 +132,8 @@ def run_command(args: argparse.Namespace) -> int:
         slos=plan["slos"],
         startup_timeout_s=args.startup_timeout,
         stale_registry=output_dir / "servers.json",
+        ladder=plan["ladder"],
+        say=_say,
     )
     return execute(plan, runner=runner, reap=reap_stale_servers, argv=argv)
 
@@ -160,6 +169,20 @@ def plan_study(
     trace = load_trace(args.workload)
     tuning, holdout, windows = select_windows(trace, args.tuning_window, args.holdout_window)
     profile = profile_trace(trace)
+    ladder = None
+    if objective.uses_ladder:
+        from autotune.ladder import LadderSettings
+
+        overrides: dict[str, Any] = {"resolution": args.ladder_resolution}
+        if args.step_requests is not None:
+            overrides["step_requests"] = args.step_requests
+        try:
+            ladder = LadderSettings.for_accelerator(accelerator, **overrides)
+        except ValueError as error:
+            raise AutotuneError(
+                f"--step-requests {args.step_requests} / --ladder-resolution "
+                f"{args.ladder_resolution}: {error.errors()[0]['msg']}"  # type: ignore[attr-defined]
+            ) from None
     options = StudyOptions(
         study_name=study_name,
         output_dir=output_dir,
@@ -193,6 +216,7 @@ def plan_study(
         "holdout": holdout,
         "workload": workload,
         "profile_text": format_profile(profile),
+        "ladder": ladder,
     }
 
 

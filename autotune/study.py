@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
 from autotune.gate import BASELINE, GateDecision, Measurement, decide, round_robin
+from autotune.ladder import recorded_rate
 from autotune.objective import (
     CONFIG_FAILURES,
     Evaluation,
@@ -434,8 +435,10 @@ class TuningStudy:
         return 10 if n is None else max(3, min(10, n // 3))
 
     def _pruner(self) -> optuna.pruners.BasePruner:
-        if not self.options.prune or self.objective.kind == "pareto":
-            return optuna.pruners.NopPruner()  # Optuna cannot prune multi-objective trials
+        if not self.options.prune or self.objective.kind in ("pareto", "capacity"):
+            # Optuna cannot prune multi-objective trials; a ladder abandons its own failing
+            # steps and has no goodput-so-far to compare.
+            return optuna.pruners.NopPruner()
         # Compare goodput-so-far only past 40% of the window: early seconds say little.
         warmup = int(0.4 * self.tuning_window.duration_s())
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup)
@@ -615,6 +618,7 @@ class TuningStudy:
                 self.tuning_window,
                 trial_dir,
                 should_prune=None if baseline else self._prune_callback(trial),
+                **self._ladder_start(study, self.tuning_window, None),
             )
         except KeyboardInterrupt:
             closed = self._close_failed(study, trial, "Ctrl-C during the trial; its server was stopped")
@@ -650,6 +654,20 @@ class TuningStudy:
         evaluation = evaluate(outcome, self.objective, self.slos)
         return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
 
+    def _ladder_start(self, study: optuna.Study, window: Trace, rps: float | None) -> dict[str, Any]:
+        """Where a capacity ladder starts: at `rps` (this config's capacity measured before),
+        else at the best capacity of the study so far, as a speed-up of `window`; nothing
+        for the other objectives (their runners take no such keyword)."""
+        if not self.objective.uses_ladder:
+            return {}
+        if rps is None:
+            best = self.best_trials(study, 1, include_baseline=True)
+            rps = best[0].user_attrs.get("capacity_rps") if best else None
+        recorded = recorded_rate(window)
+        if not rps or recorded <= 0:
+            return {"start_speedup": None}
+        return {"start_speedup": float(rps) / recorded}
+
     @staticmethod
     def _close_failed(study: optuna.Study, trial: optuna.Trial, reason: str) -> bool:
         """FAIL a trial the tuner itself cut short; False if another worker closed it first."""
@@ -661,7 +679,7 @@ class TuningStudy:
         return True
 
     def _prune_callback(self, trial: optuna.Trial) -> Callable[[float, Any], bool] | None:
-        if self.objective.kind == "pareto" or not self.options.prune:
+        if self.objective.kind in ("pareto", "capacity") or not self.options.prune:
             return None
         reported: set[int] = set()
 
@@ -692,6 +710,9 @@ class TuningStudy:
         for name, value in evaluation.constraints.items():
             trial.set_constraint(name, value)
         trial.set_user_attr("score", evaluation.score)
+        if evaluation.capacity_rps is not None:
+            trial.set_user_attr("capacity_rps", evaluation.capacity_rps)
+            trial.set_user_attr("headroom", evaluation.headroom)
         trial.set_user_attr("slo_met", evaluation.slo_met)
         trial.set_user_attr("measured_ms", evaluation.measured_ms)
         trial.set_user_attr("margins_ms", evaluation.margins_ms)
@@ -785,6 +806,14 @@ class TuningStudy:
         for trial in top:
             candidates[trial_label(trial.number)] = self.trial_config(trial.user_attrs.get("overrides", {}))
         candidates.update(self.comparisons)
+        # Capacity ladders start where the search found each config's cliff (comparisons
+        # and a baseline without a search trial start at the baseline's).
+        baseline_trial = self.baseline_trial(study)
+        known_rps: dict[str, float | None] = {
+            BASELINE: baseline_trial.user_attrs.get("capacity_rps") if baseline_trial else None
+        }
+        for trial in top:
+            known_rps[trial_label(trial.number)] = trial.user_attrs.get("capacity_rps")
         run_dirs: dict[str, list[Path]] = {name: [] for name in candidates}
         measurements: list[Measurement] = []
         start = self.clock()
@@ -800,7 +829,13 @@ class TuningStudy:
         for index, (repeat, name) in enumerate(order, start=1):
             run_dir = options.output_dir / "validation" / name / f"repeat-{repeat + 1}"
             run_dirs[name].append(run_dir)
-            outcome = self.runner.run(candidates[name], self.holdout_window, run_dir)
+            hint = known_rps.get(name, known_rps[BASELINE])
+            outcome = self.runner.run(
+                candidates[name],
+                self.holdout_window,
+                run_dir,
+                **self._ladder_start(study, self.holdout_window, hint),
+            )
             server_s += server_seconds(outcome)
             evaluation = evaluate(outcome, self.objective, self.slos)
             measurements.append(
@@ -818,6 +853,10 @@ class TuningStudy:
                 record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
             )
             status = "SLOs met" if evaluation.slo_met else _slo_text(evaluation)
+            if evaluation.headroom is not None:
+                status = f"{evaluation.headroom:.2f}x the recorded rate" + (
+                    "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})"
+                )
             self.say(
                 f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
                 f"{evaluation.score:.3g} {self.objective.unit} {self.objective.label}, {status}"

@@ -21,6 +21,7 @@ import httpx
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
+from autotune.ladder import CapacityResult, LadderSettings, LoadLadder
 from autotune.launcher import (
     ServerLauncher,
     ServerProcess,
@@ -87,6 +88,8 @@ class TrialOutcome(BaseModel):
     timing: TrialTiming | None = None
     trial_dir: str
     teardown: TeardownReport | None = None  # how the server was stopped, what was left
+    # The load ladder's result (capacity objective); kept when a step crashed the server.
+    capacity: CapacityResult | None = None
 
 
 class _Failed(Exception):
@@ -108,6 +111,7 @@ class _Trial:
         self.failure_detail: str | None = None
         self.result: ReplayResult | None = None
         self.metrics: ServerMetrics | None = None
+        self.capacity: CapacityResult | None = None
         self.teardown: TeardownReport | None = None
         self.launch_s: float | None = None
         self.ready_s: float | None = None
@@ -140,6 +144,7 @@ class _Trial:
             timing=self.timing(),
             trial_dir=str(self.dir),
             teardown=self.teardown,
+            capacity=self.capacity,
         )
 
 
@@ -177,6 +182,8 @@ class TrialRunner:
         max_error_fraction: float = 0.05,
         request_timeout_s: float = 600,
         server_command: Sequence[str] | None = None,
+        ladder: LadderSettings | None = None,
+        say: Callable[[str], None] | None = None,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -196,6 +203,10 @@ class TrialRunner:
         self.max_error_fraction = max_error_fraction
         self.request_timeout_s = request_timeout_s
         self.server_command = server_command
+        # With a ladder, a trial measures the config's capacity (several rates, one launch)
+        # instead of replaying the window once at `speedup`.
+        self.ladder = ladder
+        self.say = say
 
     def run(
         self,
@@ -204,11 +215,14 @@ class TrialRunner:
         trial_dir: Path,
         *,
         should_prune: Callable[[float, ReplaySummary], bool] | None = None,
+        start_speedup: float | None = None,
     ) -> TrialOutcome:
         """Measure `config` on `window`; results go to `trial_dir` (created if needed).
 
         `should_prune(elapsed_s, summary_so_far)` is asked about once a second during the
         window; True stops the replay and the trial ends with failure "pruned".
+        With a ladder, `start_speedup` is where the ladder starts (a capacity known from
+        elsewhere: the cliff is probably near); `should_prune` is not used.
         """
         if len(window) == 0:
             raise AutotuneError(f"{trial_dir}: the trial window has no requests")
@@ -219,7 +233,10 @@ class TrialRunner:
             try:
                 config.write(trial_dir / "config.yaml")
                 self._start(trial)
-                asyncio.run(self._measure(trial, window, should_prune))
+                if self.ladder is not None:
+                    asyncio.run(self._measure_ladder(trial, window, start_speedup))
+                else:
+                    asyncio.run(self._measure(trial, window, should_prune))
             except _Failed as failed:
                 trial.fail(failed.kind, failed.detail)
             finally:
@@ -302,6 +319,68 @@ class TrialRunner:
                 f"(limit {self.max_error_fraction:.0%}); first: {first_error}",
             )
 
+    async def _measure_ladder(
+        self, trial: _Trial, window: Trace, start_speedup: float | None
+    ) -> None:
+        server = trial.server
+        assert server is not None and self.ladder is not None
+        settings = self.ladder.hinted(start_speedup)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            scraper = MetricsScraper(client, server.url)
+            started = time.monotonic()
+            await self._warm_up(trial, server)
+            trial.warmup_s = time.monotonic() - started
+            await self._scrape(scraper, server, "before the ladder")
+            ladder = LoadLadder(
+                settings,
+                url=server.url,
+                slos=self.slos,
+                scraper=scraper,
+                timeout_s=self.request_timeout_s,
+                scrape_interval_s=self.scrape_interval_s,
+                on_sample=server.track_children,
+                check_alive=lambda when: self._check_alive(server, when),
+                say=self.say,
+            )
+            started = time.monotonic()
+            try:
+                trial.capacity = await ladder.run(window)
+                lowest = min(ladder.steps, key=lambda step: step.speedup)
+                if trial.capacity.capacity_rps <= 0 and lowest.summary.failed > (
+                    self.max_error_fraction * lowest.requests
+                ):
+                    first_error = next(
+                        (r.error for r in ladder.results[lowest.index].records if r.error and not r.cancelled),
+                        "unknown",
+                    )
+                    raise _Failed(
+                        "http_errors",
+                        f"{lowest.summary.failed} of {lowest.requests} requests failed even at "
+                        f"{lowest.offered_rps:.3g} req/s; first: {first_error}",
+                    )
+            except _Failed as failed:
+                # Everything measured before the crash counts: capacity found so far.
+                trial.capacity = ladder.result(window, stopped_by=failed.kind)
+                raise
+            except httpx.HTTPError as error:
+                self._check_alive(server, "during the ladder")
+                trial.capacity = ladder.result(window, stopped_by="crash")
+                raise _Failed("crash", f"GET /metrics during the ladder failed: {error!r}") from None
+            finally:
+                trial.measure_s = time.monotonic() - started
+                self._keep_ladder_records(trial, ladder)
+
+    @staticmethod
+    def _keep_ladder_records(trial: _Trial, ladder: LoadLadder) -> None:
+        """The trial's summary, metrics and requests.jsonl are those of the capacity step
+        (the highest passing one), else of the first step; every step is in ladder.json."""
+        if not ladder.steps:
+            return
+        passing = [i for i, step in enumerate(ladder.steps) if step.passed]
+        chosen = max(passing, key=lambda i: ladder.steps[i].speedup) if passing else 0
+        trial.result = ladder.results[chosen]
+        trial.metrics = ladder.steps[chosen].server
+
     async def _warm_up(self, trial: _Trial, server: ServerProcess) -> None:
         """A few short unmeasured requests, so the window does not pay for first-use costs."""
         if self.warmup_requests == 0:
@@ -351,6 +430,10 @@ class TrialRunner:
         if trial.metrics is not None:
             _write_atomic(
                 trial.dir / "server_metrics.json", trial.metrics.model_dump_json(indent=2) + "\n"
+            )
+        if trial.capacity is not None:
+            _write_atomic(
+                trial.dir / "ladder.json", trial.capacity.model_dump_json(indent=2) + "\n"
             )
         outcome = trial.outcome()
         _write_atomic(trial.dir / "outcome.json", outcome.model_dump_json(indent=2) + "\n")

@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict
 
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
-from workloads.slo import SLO, request_is_good, request_tpot_ms, slo_met
+from workloads.slo import SLO, request_is_good, request_tpot_ms, request_value_ms, slo_met
 from workloads.trace import Trace
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ CLIENT_LAG_WARN_MS = 10.0
 _ERROR_BODY_CHARS = 300
 
 ProgressCallback = Callable[[float, "ReplaySummary"], bool | None]
+# SLO metrics with one value per request, so a request can be counted as missing one.
+PER_REQUEST_METRICS = ("ttft", "tpot", "e2el")
 
 
 class ReplayMode(BaseModel):
@@ -166,6 +168,11 @@ class ReplaySummary(BaseModel):
     send_lag_max_ms: float | None = None
     client_lagging: bool = False
     slo_met: dict[str, bool] = {}
+    # SLO spec -> requests known to miss it (failed, finished over the threshold, or, in a
+    # progress summary, still waiting past it); per-request metrics only (not itl). More
+    # than (100 - percentile)% of `planned` means the SLO's percentile is missed already.
+    slo_violations: dict[str, int] = {}
+    planned: int = 0  # requests this run was to send
     stopped_early: bool = False
 
 
@@ -229,12 +236,29 @@ class _Tally:
     good: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    violations: list[int] = field(default_factory=list)  # per SLO, aligned with `slos`
+
+    def __post_init__(self) -> None:
+        if len(self.violations) != len(self.slos):
+            self.violations = [0] * len(self.slos)
+
+    def _violated(self, record: RequestRecord) -> None:
+        for k, slo in enumerate(self.slos):
+            if slo.metric not in PER_REQUEST_METRICS:
+                continue
+            if record.error is not None:
+                self.violations[k] += 1
+                continue
+            value = request_value_ms(record, slo)
+            if value is not None and value > slo.threshold_ms:
+                self.violations[k] += 1
 
     def add(self, record: RequestRecord) -> None:
         self.lag.append(record.lag_ms)
         if record.cancelled:
             self.cancelled += 1
             return
+        self._violated(record)
         if record.error is not None:
             self.failed += 1
             return
@@ -268,9 +292,18 @@ class _Tally:
             self.good,
             self.input_tokens,
             self.output_tokens,
+            list(self.violations),
         )
 
-    def summary(self, duration_s: float, *, stopped_early: bool = False) -> ReplaySummary:
+    def summary(
+        self,
+        duration_s: float,
+        *,
+        stopped_early: bool = False,
+        planned: int = 0,
+        late: Sequence[int] = (),
+    ) -> ReplaySummary:
+        """`late`: per SLO, requests still in flight already past its threshold."""
         duration = max(duration_s, 1e-9)
         metrics = {
             name: np.frombuffer(getattr(self, name), dtype=np.float64)
@@ -301,6 +334,12 @@ class _Tally:
             send_lag_max_ms=lag_max,
             client_lagging=lag_p99 is not None and lag_p99 > CLIENT_LAG_WARN_MS,
             slo_met={slo.spec(): slo_met(metrics[slo.metric], slo) for slo in self.slos},
+            slo_violations={
+                slo.spec(): self.violations[k] + (late[k] if late else 0)
+                for k, slo in enumerate(self.slos)
+                if slo.metric in PER_REQUEST_METRICS
+            },
+            planned=planned,
             stopped_early=stopped_early,
             **values,
         )
@@ -319,9 +358,11 @@ def summarize(
     cancelled ones (in flight when the run was stopped) are neither; send lag covers all.
     """
     tally = _Tally(tuple(slos))
+    count = 0
     for record in records:
         tally.add(record)
-    return tally.summary(duration_s, stopped_early=stopped_early)
+        count += 1
+    return tally.summary(duration_s, stopped_early=stopped_early, planned=count)
 
 
 @dataclass(slots=True)
@@ -405,6 +446,8 @@ class _Replay:
         self.records: list[RequestRecord] = []
         self.tally = _Tally(tuple(slos))
         self.in_flight: set[asyncio.Task] = set()
+        # Requests sent and not yet recorded: send time and stream (for late counts).
+        self.open: dict[int, tuple[float, _Stream]] = {}
         self.stop_requested = asyncio.Event()
         self.t0 = 0.0
 
@@ -431,6 +474,7 @@ class _Replay:
     async def send(self, i: int, scheduled_s: float, body: bytes) -> None:
         sent = time.monotonic()
         stream = _Stream()
+        self.open[i] = (sent, stream)
         status: int | None = None
         error: str | None = None
         try:
@@ -486,6 +530,7 @@ class _Replay:
         error: str | None,
         cancelled: bool,
     ) -> None:
+        self.open.pop(i, None)
         end = time.monotonic() if stream.end_s is None else stream.end_s
         ttft = None if stream.first_token_s is None else (stream.first_token_s - sent) * 1e3
         output_tokens = (
@@ -581,13 +626,29 @@ class _Replay:
             # Percentiles over every token gap so far and the callback (which may write to
             # storage: Optuna's trial.report) run in a worker thread, off the loop that
             # times sends; numpy releases the GIL for the heavy part.
-            if await asyncio.to_thread(self._report, elapsed, self.tally.copy()):
+            late = self._late()
+            if await asyncio.to_thread(self._report, elapsed, self.tally.copy(), late):
                 self.stop_requested.set()
                 return
 
-    def _report(self, elapsed: float, tally: _Tally) -> bool:
+    def _late(self) -> list[int]:
+        """Per SLO, requests in flight that already miss it: no first token (TTFT) or no end
+        (E2E) although sent longer ago than the threshold. O(requests in flight)."""
+        now = time.monotonic()
+        late = [0] * len(self.slos)
+        for k, slo in enumerate(self.slos):
+            if slo.metric not in ("ttft", "e2el"):
+                continue
+            limit_s = slo.threshold_ms / 1000.0
+            for sent, stream in self.open.values():
+                if now - sent > limit_s and (slo.metric == "e2el" or stream.first_token_s is None):
+                    late[k] += 1
+        return late
+
+    def _report(self, elapsed: float, tally: _Tally, late: list[int]) -> bool:
         assert self.on_progress is not None
-        return bool(self.on_progress(elapsed, tally.summary(elapsed)))
+        summary = tally.summary(elapsed, planned=self._last_index(), late=late)
+        return bool(self.on_progress(elapsed, summary))
 
     # -- the run --------------------------------------------------------------------------
 
@@ -617,7 +678,9 @@ class _Replay:
         if not stopped_early:
             work.result()  # a bug in the schedule itself should not pass silently
         records = sorted(self.records, key=lambda r: r.index)
-        summary = self.tally.summary(end - self.t0, stopped_early=stopped_early)
+        summary = self.tally.summary(
+            end - self.t0, stopped_early=stopped_early, planned=self._last_index()
+        )
         if summary.client_lagging:
             logger.warning(
                 "replayer lagging: send lag p99 %.1f ms > %.0f ms; the client, not only the "

@@ -307,6 +307,16 @@ class Trace:
         window.source = f"{self.source}[{start_ms / 1000:g}s:{end_ms / 1000:g}s]"
         return window
 
+    def repeated(self, copies: int, period_ms: float) -> Trace:
+        """The trace `copies` times end to end, copy k shifted by k * `period_ms`."""
+        if copies < 1 or period_ms <= 0:
+            raise ValueError(f"repeated({copies}, {period_ms}): need copies >= 1, period > 0")
+        indices = np.tile(np.arange(len(self), dtype=np.int64), copies)
+        columns = self._take_columns(indices)
+        offsets = np.repeat(np.arange(copies, dtype=np.float64) * period_ms, len(self))
+        columns["timestamps_ms"] = columns["timestamps_ms"] + offsets
+        return Trace(**columns, source=self.source)
+
     def rebased(self) -> Trace:
         """A copy whose first request arrives at t=0."""
         if not len(self):

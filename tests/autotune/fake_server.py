@@ -14,6 +14,9 @@ Keys (all optional):
   fail_every      answer every n-th completion with HTTP 500
   die_after       exit (printing `message`) once this many completions were answered
   allocate_mib    hold this much touched memory while running
+  slots           serve at most this many completions at once, the rest wait in line (a
+                  server with a known capacity: slots / (max_tokens * token_delay_s) req/s);
+                  /metrics then reports live vllm:num_requests_running / _waiting gauges
 """
 
 from __future__ import annotations
@@ -60,12 +63,20 @@ def main() -> int:
     die_after = behaviour.get("die_after")
     completions = {"n": 0}
     lock = threading.Lock()
+    slots = behaviour.get("slots")
+    gate = threading.Semaphore(slots) if slots else None
+    gauges = {"running": 0, "waiting": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's spelling)
             if self.path == "/health":
                 up = ready_after is not None and time.monotonic() - started >= ready_after
                 self._answer(200 if up else 503, b"")
+            elif self.path == "/metrics" and gate is not None:
+                with lock:
+                    text = (f"vllm:num_requests_running {gauges['running']}\n"
+                            f"vllm:num_requests_waiting {gauges['waiting']}\n")
+                self._answer(200, text.encode())
             elif self.path == "/metrics" and metrics_file:
                 with open(metrics_file, "rb") as handle:
                     self._answer(200, handle.read())
@@ -90,6 +101,24 @@ def main() -> int:
             # HTTP/1.0 (http.server's default) without a length: the body ends at close.
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
+            if gate is None:
+                self._stream(request)
+                return
+            with lock:
+                gauges["waiting"] += 1
+            with gate:
+                with lock:
+                    gauges["waiting"] -= 1
+                    gauges["running"] += 1
+                try:
+                    self._stream(request)
+                except OSError:
+                    pass  # the client went away (a ladder step abandoned)
+                finally:
+                    with lock:
+                        gauges["running"] -= 1
+
+        def _stream(self, request: dict) -> None:
             tokens = int(request.get("max_tokens", 1))
             for _ in range(tokens):
                 time.sleep(token_delay)

@@ -1,0 +1,415 @@
+"""The load ladder: one engine launch, the window replayed at rising speed-ups, the capacity.
+
+A config's capacity is the highest request rate at which every SLO holds. At one fixed rate
+the SLO is a cliff (below capacity every config passes, above it every config fails), so the
+ladder looks for the cliff itself:
+
+1. Step: replay the first requests of the window (the same requests every step, their
+   recorded arrival pattern compressed by the step's speed-up; the window repeats itself
+   when a step needs more requests than it holds). A step holds at least `step_requests`
+   requests and lasts at least `min_step_s`, so its percentile rests on enough requests.
+2. Search: geometric steps (x `growth`) from the start speed-up until a step fails (or down
+   until one passes), then bisection (geometric mean) until the failing and passing
+   speed-ups are within `resolution` of each other. Capacity = the passing step's offered
+   rate (speed-up x the window's recorded rate). Like `vllm bench sweep serve_sla`'s
+   doubling-then-bisection and Etalon's capacity search, but inside one launch and on the
+   recorded arrivals rather than Poisson.
+3. A step is abandoned as soon as it is certain to fail: once more requests than the
+   percentile allows are known to miss an SLO (failed, finished over the threshold, or
+   still without a first token past the TTFT threshold), no later request can save it.
+   This is exact, not a heuristic: an abandoned step would have failed.
+4. Between steps the server drains (running and waiting back to 0 on /metrics), and each
+   step draws fresh prompt tokens (its own seed) so that nothing an earlier step left in the
+   prefix cache can hit: steps are independent. This also works against stock `vllm serve`,
+   which has no cache-reset route unless started in dev mode.
+
+A step that kills the server ends the ladder with the capacity found so far; the trial
+records the failure and keeps every step measured before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from autotune.errors import AutotuneError
+from autotune.scraper import (
+    NUM_RUNNING,
+    NUM_WAITING,
+    MetricsSampler,
+    MetricsScraper,
+    MetricsSnapshot,
+    ServerMetrics,
+    server_metrics,
+)
+from workloads.prompts import PromptFactory
+from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay
+from workloads.slo import SLO, request_value_ms
+from workloads.trace import Trace
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CapacityResult",
+    "LadderSettings",
+    "LadderStep",
+    "LoadLadder",
+    "allowed_misses",
+    "recorded_rate",
+    "step_trace",
+]
+
+
+class LadderSettings(BaseModel):
+    """How a ladder searches. Defaults suit a GPU; `for_accelerator("cpu")` a laptop."""
+
+    step_requests: int = Field(200, ge=10)  # requests per step, at least
+    min_step_s: float = Field(10.0, gt=0)  # seconds per step, at least (at the step's rate)
+    start_speedup: float = Field(1.0, gt=0)
+    growth: float = Field(2.0, gt=1)  # factor between steps until the cliff is bracketed
+    resolution: float = Field(0.1, gt=0)  # stop when fail / pass <= 1 + resolution
+    min_speedup: float = Field(1 / 16, gt=0)  # below this the config carries nothing
+    max_speedup: float = Field(256.0, gt=0)
+    max_steps: int = Field(12, ge=1)
+    drain_timeout_s: float = Field(120.0, gt=0)
+    max_error_fraction: float = Field(0.05, ge=0, lt=1)
+
+    @classmethod
+    def for_accelerator(cls, accelerator: str, **overrides: object) -> LadderSettings:
+        # The 2-core CPU engine carries a few req/s: 200-request steps would take a minute
+        # each. 60 requests put the p95 on the 4th-worst request: coarse, but a CPU ladder
+        # of ~7 steps stays near two minutes.
+        base = {"step_requests": 60, "min_step_s": 6.0} if accelerator == "cpu" else {}
+        return cls(**{**base, **overrides})
+
+    def hinted(self, speedup: float | None) -> LadderSettings:
+        """Start at a known capacity (another config's, or this one's from the search) with
+        finer steps: the cliff is probably near, so fewer steps bracket it."""
+        if speedup is None or not speedup > 0:
+            return self
+        growth = min(self.growth, 1.0 + 2.5 * self.resolution)
+        return self.model_copy(update={"start_speedup": speedup, "growth": growth})
+
+
+class LadderStep(BaseModel):
+    """One rung: the window at one speed-up."""
+
+    index: int
+    speedup: float
+    offered_rps: float  # requests / their arrival span, as sent
+    requests: int  # planned
+    passed: bool
+    abandoned: bool = False  # stopped early: certain to fail
+    reason: str  # why it passed or failed, one line
+    measured_ms: dict[str, float | None]  # SLO spec -> measured percentile
+    summary: ReplaySummary
+    server: ServerMetrics | None = None
+    seconds: float  # replay
+    drain_s: float = 0.0
+
+
+class CapacityResult(BaseModel):
+    """What a ladder found; also written to `ladder.json` in the trial folder."""
+
+    capacity_rps: float  # highest passing offered rate; 0 when no step passed
+    capacity_speedup: float | None
+    recorded_rps: float  # the window's own rate
+    first_fail_rps: float | None  # lowest failing offered rate above the capacity
+    bracketed: bool  # a pass and a fail within the resolution: the cliff was found
+    steps: list[LadderStep]
+    stopped_by: str | None = None  # a failure that ended the ladder (crash, ...)
+
+    @property
+    def headroom(self) -> float:
+        """Capacity over the recorded rate: 1.9 means "carries 1.9x your traffic"."""
+        return self.capacity_rps / self.recorded_rps if self.recorded_rps > 0 else 0.0
+
+    def passing_step(self) -> LadderStep | None:
+        passing = [step for step in self.steps if step.passed]
+        return max(passing, key=lambda step: step.speedup) if passing else None
+
+    def describe(self) -> str:
+        if self.capacity_rps <= 0:
+            lowest = min((s.offered_rps for s in self.steps), default=0.0)
+            return f"no step met the SLOs (lowest tried {lowest:.3g} req/s)"
+        edge = "" if self.bracketed else " (lower bound: the ladder ended before the cliff)"
+        return (
+            f"capacity {self.capacity_rps:.3g} req/s = {self.headroom:.2f}x the recorded "
+            f"{self.recorded_rps:.3g} req/s{edge}"
+        )
+
+
+def allowed_misses(planned: int, percentile: float) -> int:
+    """How many of `planned` requests may miss a threshold while the percentile still holds.
+
+    numpy's linear percentile of n values is at or under T when at most
+    floor((n - 1) * (1 - q)) values exceed T (the interpolation then lands on values <= T).
+    """
+    return int(math.floor((planned - 1) * (1.0 - percentile / 100.0) + 1e-9))
+
+
+def step_trace(window: Trace, speedup: float, settings: LadderSettings) -> Trace:
+    """The step's requests: the window from its start, repeated end to end when the step
+    needs more than it holds, arrival times divided by `speedup`."""
+    if len(window) == 0:
+        raise AutotuneError("the ladder's window has no requests")
+    base = window.rebased()
+    period_ms = max(base.duration_s() * 1000.0, 1.0)
+    # One mean gap after the last arrival before the repeat starts, so the seam keeps the rate.
+    if len(base) > 1:
+        period_ms += period_ms / (len(base) - 1)
+    span_ms = settings.min_step_s * 1000.0 * speedup  # recorded ms the step must cover
+    copies = 1
+    while copies * len(base) < settings.step_requests or copies * period_ms < span_ms:
+        copies += 1
+    stretched = base.repeated(copies, period_ms)
+    stamps = stretched.timestamps_ms / speedup
+    # Enough requests, and the whole minimum span.
+    covering = int(np.searchsorted(stamps, settings.min_step_s * 1000.0)) + 1
+    need = max(settings.step_requests, covering)
+    need = min(need, len(stretched))
+    picked = stretched.subset(np.arange(need))
+    return picked.replace(timestamps_ms=stamps[:need], source=f"{window.source} x{speedup:.3g}")
+
+
+def recorded_rate(window: Trace) -> float:
+    """The window's own request rate (req/s), the 1x of the ladder."""
+    return offered_rate(window.rebased()) if len(window) > 1 else 0.0
+
+
+def offered_rate(trace: Trace) -> float:
+    span = trace.duration_s()
+    if span <= 0:
+        return float("inf")
+    # n arrivals over their span: n - 1 gaps.
+    return (len(trace) - 1) / span
+
+
+class LoadLadder:
+    """Runs one ladder against a started server.
+
+    `check_alive()` raises when the server died (the trial runner classifies it);
+    `on_sample` keeps the runner's view of the server's child processes fresh.
+    """
+
+    def __init__(
+        self,
+        settings: LadderSettings,
+        *,
+        url: str,
+        slos: Sequence[SLO],
+        scraper: MetricsScraper,
+        timeout_s: float = 600,
+        scrape_interval_s: float = 1.0,
+        on_sample: Callable[[], None] | None = None,
+        check_alive: Callable[[str], None] | None = None,
+        say: Callable[[str], None] | None = None,
+        replay_fn: Callable[..., Awaitable[ReplayResult]] = replay,
+    ) -> None:
+        if not slos:
+            raise AutotuneError("the capacity objective needs at least one SLO (--slo ...)")
+        self.settings = settings
+        self.url = url
+        self.slos = tuple(slos)
+        self.scraper = scraper
+        self.timeout_s = timeout_s
+        self.scrape_interval_s = scrape_interval_s
+        self.on_sample = on_sample
+        self.check_alive = check_alive or (lambda when: None)
+        self.say = say or logger.info
+        self.replay_fn = replay_fn
+        self.steps: list[LadderStep] = []
+        self.results: list[ReplayResult] = []  # per step, for the trial's records
+
+    async def run(self, window: Trace) -> CapacityResult:
+        """Climb (or descend), then bisect. Exceptions from `check_alive` propagate after
+        `self.steps` holds every finished step (the runner then builds the partial result)."""
+        settings = self.settings
+        speedup = min(max(settings.start_speedup, settings.min_speedup), settings.max_speedup)
+        for _ in range(settings.max_steps):
+            await self.step(window, speedup)
+            following = self.next_speedup()
+            if following is None:
+                break
+            speedup = following
+        return self.result(window)
+
+    def next_speedup(self) -> float | None:
+        """Where the next step goes, from the steps so far; None when the search is done.
+
+        Unbracketed, each further step in the same direction squares the factor (x1.25,
+        x1.56, x2.4, ...): a hinted start that is far off still brackets in a few steps.
+        Bracketed: the geometric mean of the highest pass and the lowest fail above it.
+        """
+        settings = self.settings
+        passes = [s.speedup for s in self.steps if s.passed]
+        passed = max(passes) if passes else None
+        fails = [s.speedup for s in self.steps if not s.passed and (passed is None or s.speedup > passed)]
+        failed = min(fails) if fails else None
+        if passed is not None and failed is not None:
+            if failed / passed <= 1.0 + settings.resolution + 1e-9:
+                return None
+            return math.sqrt(passed * failed)
+        run = 0  # consecutive steps in the current direction
+        for step in reversed(self.steps):
+            if step.passed != self.steps[-1].passed:
+                break
+            run += 1
+        factor = settings.growth ** (2 ** (run - 1))
+        if failed is None:
+            assert passed is not None
+            if passed >= settings.max_speedup:
+                return None
+            return min(passed * factor, settings.max_speedup)
+        if failed <= settings.min_speedup:
+            return None
+        return max(failed / factor, settings.min_speedup)
+
+    def result(self, window: Trace, stopped_by: str | None = None) -> CapacityResult:
+        recorded = recorded_rate(window)
+        passing = [s for s in self.steps if s.passed]
+        best = max(passing, key=lambda s: s.speedup) if passing else None
+        above = [s for s in self.steps if not s.passed and (best is None or s.speedup > best.speedup)]
+        first_fail = min(above, key=lambda s: s.speedup) if above else None
+        bracketed = (
+            best is not None
+            and first_fail is not None
+            and first_fail.speedup / best.speedup <= 1.0 + self.settings.resolution + 1e-9
+        )
+        return CapacityResult(
+            capacity_rps=best.speedup * recorded if best else 0.0,
+            capacity_speedup=best.speedup if best else None,
+            recorded_rps=recorded,
+            first_fail_rps=first_fail.speedup * recorded if first_fail else None,
+            bracketed=bracketed,
+            steps=list(self.steps),
+            stopped_by=stopped_by,
+        )
+
+    # -- one step ------------------------------------------------------------------------
+
+    async def step(self, window: Trace, speedup: float) -> LadderStep:
+        index = len(self.steps)
+        trace = step_trace(window, speedup, self.settings)
+        planned = len(trace)
+        limits = {slo.spec(): allowed_misses(planned, slo.percentile) for slo in self.slos}
+
+        def certain_to_fail(_elapsed: float, summary: ReplaySummary) -> bool:
+            return any(
+                summary.slo_violations.get(spec, 0) > limit for spec, limit in limits.items()
+            ) or summary.failed > self.settings.max_error_fraction * planned
+
+        before = await self.scraper.scrape()
+        sampler = MetricsSampler(self.scraper, self.scrape_interval_s, self.on_sample)
+        sampler.start()
+        started = time.monotonic()
+        try:
+            result = await self.replay_fn(
+                trace,
+                self.url,
+                mode=ReplayMode(kind="timed"),
+                slos=self.slos,
+                benchmark_mode=True,
+                timeout_s=self.timeout_s,
+                on_progress=certain_to_fail,
+                prompts=PromptFactory(seed=index + 1),
+            )
+        finally:
+            seconds = time.monotonic() - started
+            timeline = await sampler.stop()
+        self.check_alive(f"during ladder step {index + 1} (x{speedup:.3g})")
+        after = await self.scraper.scrape()
+        server = server_metrics(before, after, timeline)
+        summary = result.summary
+        measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
+        passed, reason = self._verdict(summary, measured, planned)
+        drain_s = await self._drain(index)
+        step = LadderStep(
+            index=index,
+            speedup=speedup,
+            offered_rps=offered_rate(trace),
+            requests=planned,
+            passed=passed,
+            abandoned=summary.stopped_early,
+            reason=reason,
+            measured_ms=measured,
+            summary=summary,
+            server=server.model_copy(update={"timeline": []}),
+            seconds=seconds,
+            drain_s=drain_s,
+        )
+        self.steps.append(step)
+        self.results.append(result)
+        verdict = "pass" if passed else ("abandoned" if step.abandoned else "fail")
+        self.say(
+            f"  step {index + 1}: x{speedup:.3g} = {step.offered_rps:.3g} req/s, "
+            f"{planned} requests, {seconds:.0f} s: {verdict} ({reason})"
+        )
+        return step
+
+    def _verdict(
+        self, summary: ReplaySummary, measured: dict[str, float | None], planned: int
+    ) -> tuple[bool, str]:
+        if summary.failed > self.settings.max_error_fraction * planned:
+            return False, f"{summary.failed} of {planned} requests failed"
+        if summary.stopped_early:
+            missed = [
+                f"{spec}: {summary.slo_violations.get(spec, 0)} of {planned} over"
+                for spec in summary.slo_violations
+                if summary.slo_violations[spec] > allowed_misses(planned, _pct(spec, self.slos))
+            ]
+            return False, "certain to miss " + ("; ".join(missed) or "an SLO")
+        parts = []
+        ok = True
+        for slo in self.slos:
+            value = measured[slo.spec()]
+            if value is None or value > slo.threshold_ms:
+                ok = False
+            shown = "none" if value is None else f"{value:.0f}"
+            parts.append(f"{slo.metric} p{slo.percentile:g} {shown}/{slo.threshold_ms:g} ms")
+        return ok, ", ".join(parts)
+
+    async def _drain(self, index: int) -> float:
+        """Wait until the server has nothing running or waiting (or the timeout)."""
+        started = time.monotonic()
+        deadline = started + self.settings.drain_timeout_s
+        while True:
+            snapshot: MetricsSnapshot = await self.scraper.scrape(only=(*NUM_RUNNING, *NUM_WAITING))
+            busy = (snapshot.value(NUM_RUNNING) or 0.0) + (snapshot.value(NUM_WAITING) or 0.0)
+            if busy <= 0:
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "ladder step %d: %d requests still running/waiting after %.0f s; going on",
+                    index + 1, busy, self.settings.drain_timeout_s,
+                )
+                return time.monotonic() - started
+            self.check_alive(f"draining after ladder step {index + 1}")
+            await asyncio.sleep(0.2)
+
+
+def _pct(spec: str, slos: Sequence[SLO]) -> float:
+    return next(slo.percentile for slo in slos if slo.spec() == spec)
+
+
+def _percentile(result: ReplayResult, slo: SLO) -> float | None:
+    """The step's percentile of the SLO's metric over its completed requests (ms)."""
+    if slo.metric == "itl":
+        values = [gap for r in result.records if r.error is None for gap in r.itl_ms]
+    else:
+        values = [
+            v
+            for r in result.records
+            if r.error is None and not r.cancelled
+            for v in [request_value_ms(r, slo)]
+            if v is not None
+        ]
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=np.float64), slo.percentile))

@@ -1,0 +1,187 @@
+"""The load ladder: step traces, the search's next step, and whole ladders against real
+server processes whose capacity the test sets (tests/autotune/fake_server.py `slots`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.ladder import (
+    CapacityResult,
+    LadderSettings,
+    LadderStep,
+    LoadLadder,
+    allowed_misses,
+    recorded_rate,
+    step_trace,
+)
+from autotune.objective import Objective, evaluate
+from autotune.trial import TrialRunner
+from server.config import ServerConfig
+from workloads.replay import ReplaySummary
+from workloads.slo import SLO, parse_slo
+from workloads.trace import Trace, TraceRequest
+
+HERE = Path(__file__).parent
+FAKE_SERVER = HERE / "fake_server.py"
+
+
+def window(n: int = 20, spacing_ms: float = 100.0, output_length: int = 5) -> Trace:
+    return Trace.from_requests(
+        [TraceRequest(timestamp=i * spacing_ms, input_length=10, output_length=output_length)
+         for i in range(n)],
+        source="test window",
+    )
+
+
+# -- pure logic --------------------------------------------------------------------------
+
+
+def test_allowed_misses_matches_numpys_percentile() -> None:
+    """The abandon rule is exact: with `allowed` values over T the percentile holds, with
+    one more it does not (numpy's linear interpolation, as every summary uses)."""
+    rng = np.random.default_rng(0)
+    for n in (10, 20, 60, 101, 200):
+        for pct in (50.0, 90.0, 95.0, 99.0):
+            allowed = allowed_misses(n, pct)
+            low = rng.uniform(0, 1, size=n)
+            within = np.concatenate([low[: n - allowed], np.full(allowed, 5.0)])
+            over = np.concatenate([low[: n - allowed - 1], np.full(allowed + 1, 5.0)])
+            assert np.percentile(within, pct) <= 1.0
+            assert np.percentile(over, pct) > 1.0
+
+
+def test_step_trace_compresses_the_recorded_arrivals_and_repeats_the_window() -> None:
+    settings = LadderSettings(step_requests=50, min_step_s=1.0)
+    base = window(n=20, spacing_ms=100.0)
+    assert recorded_rate(base) == pytest.approx(10.0)
+    step = step_trace(base, 4.0, settings)
+    assert len(step) == 50  # 2.5 copies of the window
+    gaps = np.diff(step.timestamps_ms)
+    assert np.allclose(gaps, 25.0)  # 100 ms / 4, the seam included
+    assert list(step.input_lengths[:20]) == list(base.input_lengths)
+    # A slow step is lengthened to its minimum span instead.
+    slow = step_trace(base, 0.5, LadderSettings(step_requests=10, min_step_s=6.0))
+    assert slow.duration_s() >= 5.9 and len(slow) == 31
+
+
+def _step(index: int, speedup: float, passed: bool) -> LadderStep:
+    summary = ReplaySummary(
+        duration=1.0, completed=1, failed=0, total_input_tokens=1, total_output_tokens=1,
+        request_throughput=1.0, output_throughput=1.0, total_token_throughput=1.0,
+    )
+    return LadderStep(index=index, speedup=speedup, offered_rps=speedup, requests=10,
+                      passed=passed, reason="", measured_ms={}, summary=summary, seconds=1.0)
+
+
+def _ladder(settings: LadderSettings, outcomes: list[tuple[float, bool]]) -> LoadLadder:
+    ladder = LoadLadder(settings, url="http://unused", slos=[parse_slo("ttft_p95_ms=100")],
+                        scraper=None)  # type: ignore[arg-type]
+    ladder.steps = [_step(i, s, ok) for i, (s, ok) in enumerate(outcomes)]
+    return ladder
+
+
+def test_search_climbs_until_a_failure_then_bisects_to_the_resolution() -> None:
+    settings = LadderSettings(growth=2.0, resolution=0.1)
+    assert _ladder(settings, [(1.0, True)]).next_speedup() == 2.0
+    # Consecutive passes square the factor.
+    assert _ladder(settings, [(1.0, True), (2.0, True)]).next_speedup() == 8.0
+    assert _ladder(settings, [(1.0, True), (2.0, False)]).next_speedup() == pytest.approx(2**0.5)
+    assert _ladder(settings, [(1.0, False)]).next_speedup() == 0.5
+    done = _ladder(settings, [(1.0, True), (2.0, False), (1.41, True), (1.5, False)])
+    assert done.next_speedup() is None
+    capacity = done.result(window())
+    assert capacity.capacity_speedup == 1.41 and capacity.bracketed
+    assert capacity.capacity_rps == pytest.approx(1.41 * 10.0)
+    # Nothing passes down to the floor: capacity 0, the search ends.
+    floor = _ladder(settings.model_copy(update={"min_speedup": 0.25}),
+                    [(1.0, False), (0.5, False), (0.25, False)])
+    assert floor.next_speedup() is None and floor.result(window()).capacity_rps == 0.0
+
+
+def test_hinted_ladder_starts_at_the_hint_with_finer_steps() -> None:
+    hinted = LadderSettings(growth=2.0, resolution=0.1).hinted(3.0)
+    assert hinted.start_speedup == 3.0 and hinted.growth == pytest.approx(1.25)
+    assert LadderSettings().hinted(None) == LadderSettings()
+
+
+def test_capacity_objective_scores_the_ladder_and_needs_the_recorded_rate_for_slo_met() -> None:
+    slos = [parse_slo("ttft_p95_ms=100")]
+
+    class Outcome:
+        ok, failure, failure_detail, summary, trial_dir = True, None, None, None, None
+
+    outcome = Outcome()
+    outcome.capacity = CapacityResult(  # type: ignore[attr-defined]
+        capacity_rps=15.0, capacity_speedup=1.5, recorded_rps=10.0, first_fail_rps=16.5,
+        bracketed=True, steps=[],
+    )
+    scored = evaluate(outcome, Objective(kind="capacity"), slos)
+    assert scored.values == [15.0] and scored.headroom == pytest.approx(1.5) and scored.slo_met
+    outcome.capacity = outcome.capacity.model_copy(update={"capacity_rps": 8.0})  # type: ignore[attr-defined]
+    below = evaluate(outcome, Objective(kind="capacity"), slos)
+    assert not below.slo_met and below.feasible  # carries something, not the recorded rate
+    outcome.capacity = None  # type: ignore[attr-defined]
+    assert not evaluate(outcome, Objective(kind="capacity"), slos).feasible
+
+
+# -- whole ladders, real processes ---------------------------------------------------------
+
+
+def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: list[SLO]) -> TrialRunner:
+    behaviour = tmp_path / f"behaviour-{slots}.json"
+    behaviour.write_text(json.dumps({"slots": slots, "token_delay_s": 0.01}))
+    return TrialRunner(
+        server_command=[sys.executable, str(FAKE_SERVER), "--behaviour", str(behaviour)],
+        startup_timeout_s=20,
+        warmup_requests=1,
+        scrape_interval_s=0.2,
+        stale_registry=tmp_path / "servers.json",
+        slos=slos,
+        ladder=settings,
+    )
+
+
+def test_a_server_with_more_slots_has_the_higher_capacity_each_in_one_launch(tmp_path: Path) -> None:
+    """Side by side, same window and SLO: 1 slot vs 6 slots of the same per-request speed.
+    The 6-slot server must carry more; each ladder is one server process."""
+    slos = [parse_slo("ttft_p95_ms=150")]
+    settings = LadderSettings(step_requests=30, min_step_s=1.0, resolution=0.25, max_steps=8)
+    config = ServerConfig(engine={"model": "fake"})
+    results: dict[int, CapacityResult] = {}
+    for slots in (1, 6):
+        trial_dir = tmp_path / f"slots-{slots}"
+        outcome = ladder_runner(tmp_path, slots, settings, slos).run(config, window(), trial_dir)
+        assert outcome.ok, outcome.failure_detail
+        assert outcome.capacity is not None and len(outcome.capacity.steps) >= 2
+        starts = (trial_dir / "server.log").read_text().count("fake server pid starting")
+        assert starts == 1  # the whole ladder in one launch
+        saved = CapacityResult.model_validate_json((trial_dir / "ladder.json").read_text())
+        assert saved == outcome.capacity
+        results[slots] = outcome.capacity
+    assert results[1].capacity_rps > 0
+    assert results[6].capacity_rps > results[1].capacity_rps * 1.5
+    # Every failing step above the capacity really missed the SLO or was abandoned.
+    for capacity in results.values():
+        for step in capacity.steps:
+            if not step.passed:
+                assert step.abandoned or "ttft" in step.reason
+
+
+def test_a_step_far_over_capacity_is_abandoned_before_it_ends(tmp_path: Path) -> None:
+    slos = [parse_slo("ttft_p95_ms=100")]
+    # Starts at 40x the recorded 10 req/s on a 1-slot server that carries ~15: certain to fail.
+    settings = LadderSettings(step_requests=200, min_step_s=1.0, start_speedup=40.0,
+                              max_steps=1)
+    outcome = ladder_runner(tmp_path, 1, settings, slos).run(
+        ServerConfig(engine={"model": "fake"}), window(), tmp_path / "over"
+    )
+    assert outcome.capacity is not None
+    (step,) = outcome.capacity.steps
+    assert not step.passed and step.abandoned
+    assert step.summary.completed < step.requests
+    assert outcome.capacity.capacity_rps == 0.0
