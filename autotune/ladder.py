@@ -14,10 +14,11 @@ ladder looks for the cliff itself:
    rate (speed-up x the window's recorded rate). Like `vllm bench sweep serve_sla`'s
    doubling-then-bisection and Etalon's capacity search, but inside one launch and on the
    recorded arrivals rather than Poisson.
-3. A step is abandoned as soon as it is certain to fail: once more requests than the
-   percentile allows are known to miss an SLO (failed, finished over the threshold, or
-   still without a first token past the TTFT threshold), no later request can save it.
-   This is exact, not a heuristic: an abandoned step would have failed.
+3. A step ends as soon as its verdict is certain. Fail: more requests than the percentile
+   allows are known to miss an SLO (failed, finished over the threshold, or still without
+   a first token past the TTFT threshold): no later request can save it. Pass: even if
+   every unfinished request missed, the percentile would hold, so a long answer at the end
+   of a step is not waited for. Both are exact, not heuristics.
 4. Between steps the server drains (running and waiting back to 0 on /metrics), and each
    step draws fresh prompt tokens (its own seed) so that nothing an earlier step left in the
    prefix cache can hit: steps are independent. This also works against stock `vllm serve`,
@@ -49,7 +50,7 @@ from autotune.scraper import (
     server_metrics,
 )
 from workloads.prompts import PromptFactory
-from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay
+from workloads.replay import PER_REQUEST_METRICS, ReplayMode, ReplayResult, ReplaySummary, replay
 from workloads.slo import SLO, request_value_ms
 from workloads.trace import Trace
 
@@ -106,6 +107,7 @@ class LadderStep(BaseModel):
     requests: int  # planned
     passed: bool
     abandoned: bool = False  # stopped early: certain to fail
+    ended_early: bool = False  # stopped early: certain to pass whatever the rest did
     reason: str  # why it passed or failed, one line
     measured_ms: dict[str, float | None]  # SLO spec -> measured percentile
     summary: ReplaySummary
@@ -300,10 +302,13 @@ class LoadLadder:
         planned = len(trace)
         limits = {slo.spec(): allowed_misses(planned, slo.percentile) for slo in self.slos}
 
-        def certain_to_fail(_elapsed: float, summary: ReplaySummary) -> bool:
-            return any(
-                summary.slo_violations.get(spec, 0) > limit for spec, limit in limits.items()
-            ) or summary.failed > self.settings.max_error_fraction * planned
+        decision: dict[str, str] = {}
+
+        def decided(_elapsed: float, summary: ReplaySummary) -> bool:
+            verdict = self._certain(summary, limits, planned)
+            if verdict is not None:
+                decision["verdict"] = verdict
+            return verdict is not None
 
         before = await self.scraper.scrape()
         sampler = MetricsSampler(self.scraper, self.scrape_interval_s, self.on_sample)
@@ -317,7 +322,7 @@ class LoadLadder:
                 slos=self.slos,
                 benchmark_mode=True,
                 timeout_s=self.timeout_s,
-                on_progress=certain_to_fail,
+                on_progress=decided,
                 prompts=PromptFactory(seed=index + 1),
             )
         finally:
@@ -328,7 +333,8 @@ class LoadLadder:
         server = server_metrics(before, after, timeline)
         summary = result.summary
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
-        passed, reason = self._verdict(summary, measured, planned)
+        early = decision.get("verdict") if summary.stopped_early else None
+        passed, reason = self._verdict(summary, measured, planned, early)
         drain_s = await self._drain(index)
         step = LadderStep(
             index=index,
@@ -336,7 +342,8 @@ class LoadLadder:
             offered_rps=offered_rate(trace),
             requests=planned,
             passed=passed,
-            abandoned=summary.stopped_early,
+            abandoned=early == "fail",
+            ended_early=early == "pass",
             reason=reason,
             measured_ms=measured,
             summary=summary,
@@ -353,12 +360,35 @@ class LoadLadder:
         )
         return step
 
+    def _certain(
+        self, summary: ReplaySummary, limits: dict[str, int], planned: int
+    ) -> str | None:
+        """"fail" once enough requests miss an SLO that no later request can save the
+        step; "pass" once even the unfinished requests all missing could not break any SLO
+        (per-request SLOs only: a token-level ITL percentile needs every gap)."""
+        errors_allowed = self.settings.max_error_fraction * planned
+        missed = summary.slo_violations
+        if summary.failed > errors_allowed or any(missed.get(s, 0) > n for s, n in limits.items()):
+            return "fail"
+        unfinished = planned - summary.completed - summary.failed
+        if unfinished <= 0 or any(slo.metric not in PER_REQUEST_METRICS for slo in self.slos):
+            return None
+        if summary.failed + unfinished <= errors_allowed and all(
+            missed.get(spec, 0) + unfinished <= limit for spec, limit in limits.items()
+        ):
+            return "pass"
+        return None
+
     def _verdict(
-        self, summary: ReplaySummary, measured: dict[str, float | None], planned: int
+        self,
+        summary: ReplaySummary,
+        measured: dict[str, float | None],
+        planned: int,
+        early: str | None,
     ) -> tuple[bool, str]:
         if summary.failed > self.settings.max_error_fraction * planned:
             return False, f"{summary.failed} of {planned} requests failed"
-        if summary.stopped_early:
+        if early == "fail":
             missed = [
                 f"{spec}: {summary.slo_violations.get(spec, 0)} of {planned} over"
                 for spec in summary.slo_violations
@@ -373,6 +403,9 @@ class LoadLadder:
                 ok = False
             shown = "none" if value is None else f"{value:.0f}"
             parts.append(f"{slo.metric} p{slo.percentile:g} {shown}/{slo.threshold_ms:g} ms")
+        if early == "pass":
+            # The last few requests could not change the verdict: not waited for.
+            return True, ", ".join(parts) + f" (decided with {summary.cancelled} still running)"
         return ok, ", ".join(parts)
 
     async def _drain(self, index: int) -> float:

@@ -40,8 +40,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
+from autotune.first_moves import first_moves
 from autotune.gate import BASELINE, GateDecision, Measurement, decide, round_robin
-from autotune.ladder import recorded_rate
+from autotune.ladder import CapacityResult, recorded_rate
 from autotune.objective import (
     CONFIG_FAILURES,
     Evaluation,
@@ -506,6 +507,7 @@ class TuningStudy:
                         f"{done} trials"
                     )
                     break
+            self.queue_first_moves(study)
             trial_start = self.clock()
             frozen = self.run_one(study)
             durations.append(self.clock() - trial_start)
@@ -530,6 +532,32 @@ class TuningStudy:
                 where = trial.user_attrs.get("worker") or trial.user_attrs.get("host") or "its worker"
                 self.say(f"{trial_label(trial.number)}: {where} stopped heartbeating; failed it, "
                          f"queued a retry")
+
+    def queue_first_moves(self, study: optuna.Study) -> None:
+        """Once the baseline's capacity is known, queue the one-knob moves its measurement
+        points to (autotune.first_moves), once per study."""
+        if not self.objective.uses_ladder or "first_moves" in study.user_attrs:
+            return
+        baseline = self.baseline_trial(study)
+        if baseline is None or baseline.state != TrialState.COMPLETE:
+            return
+        capacity = None
+        trial_dir = baseline.user_attrs.get("trial_dir")
+        ladder_file = Path(trial_dir) / "ladder.json" if trial_dir else None
+        if ladder_file is not None and ladder_file.is_file():
+            capacity = CapacityResult.model_validate_json(ladder_file.read_text(encoding="utf-8"))
+        values = baseline.user_attrs.get("engine_params") or {}
+        moves = first_moves(capacity, self.slos, self.space, values)
+        for move in moves:
+            study.enqueue_trial(
+                self.space.fixed_params(move.values),
+                user_attrs={"move": move.name, "move_why": move.why},
+                skip_if_exists=True,
+            )
+        study.set_user_attr("first_moves", [move.name for move in moves])
+        if moves:
+            self.say("first moves from the baseline's measurement: " + "; ".join(
+                f"{move.name} ({move.why})" for move in moves))
 
     def enqueue_baseline(self, study: optuna.Study) -> None:
         """Queue the baseline as the next trial unless it was measured or is queued/running."""
@@ -895,6 +923,10 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
         return f"{failure}: {trial.user_attrs.get('failure_detail')} ({params})"
     score = trial.user_attrs.get("score", 0.0)
     status = "SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed"
+    if trial.user_attrs.get("headroom") is not None:
+        status = f"{trial.user_attrs['headroom']:.2f}x the recorded rate"
+    if trial.user_attrs.get("move"):
+        params = f"first move {trial.user_attrs['move']}: {params}"
     return f"{score:.3g} {objective.unit} {objective.label}, {status} ({params})"
 
 

@@ -1,0 +1,127 @@
+"""The search's first phase: one-knob moves from the baseline that its own measurement says
+are worth a launch, queued before the sampler proposes anything.
+
+A launch costs 40-80 s on a GPU, so the first few must count. What vLLM's scheduler does
+predicts which knob matters, and the baseline's capacity ladder says which SLO broke first:
+
+- **TPOT / ITL broke first** (decodes stall behind long prefill chunks): shrink the
+  chunked-prefill budget, `max_num_batched_tokens` / 2 and / 4 (on the H100 probe of long
+  prompts, 8192 -> 2048 carried 1.67x the load), then fewer sequences.
+- **TTFT broke first** with requests waiting while the running batch was full: more
+  sequences (x2, x4), and a larger prefill budget (x2) so a burst of prompts clears faster.
+- **TTFT broke first** without a full batch (prefill-bound, or prefills stuck behind
+  decodes): half the budget and a larger one, one move each.
+Moves outside the search space are clamped to it; moves equal to the baseline or to one
+already queued are dropped. Then TPE proposes, learning from these trials as from any other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from autotune.ladder import CapacityResult, LadderStep
+from autotune.space import SearchSpace
+from workloads.slo import SLO
+
+logger = logging.getLogger(__name__)
+
+BATCHED = "max_num_batched_tokens"
+SEQS = "max_num_seqs"
+MAX_MOVES = 3
+
+
+class Move(BaseModel):
+    """One queued config: the baseline with one knob changed."""
+
+    name: str  # e.g. "max_num_batched_tokens / 4"
+    why: str
+    values: dict[str, Any]  # engine values of every space parameter the move sets
+
+
+def limiting_slo(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
+    """The SLO metric that broke first: the one furthest over its threshold at the lowest
+    failing step above the capacity (by missed-request counts when the step was abandoned)."""
+    passing = capacity.passing_step()
+    failing = [s for s in capacity.steps if not s.passed and (passing is None or s.speedup > passing.speedup)]
+    if not failing:
+        return None
+    step: LadderStep = min(failing, key=lambda s: s.speedup)
+    worst: tuple[float, str] | None = None
+    for slo in slos:
+        value = step.measured_ms.get(slo.spec())
+        misses = step.summary.slo_violations.get(slo.spec())
+        if step.abandoned and misses is not None:
+            score = misses / max(step.requests, 1)
+        elif value is not None:
+            score = value / slo.threshold_ms
+        else:
+            continue
+        if worst is None or score > worst[0]:
+            worst = (score, slo.metric)
+    return None if worst is None else worst[1]
+
+
+def first_moves(
+    capacity: CapacityResult | None,
+    slos: Sequence[SLO],
+    space: SearchSpace,
+    baseline_values: Mapping[str, Any],
+) -> list[Move]:
+    """Up to MAX_MOVES one-knob moves from the baseline, most promising first."""
+    if capacity is None:
+        return []
+    limit = limiting_slo(capacity, slos)
+    step = capacity.passing_step() or (capacity.steps[0] if capacity.steps else None)
+    server = step.server if step is not None else None
+    seqs = baseline_values.get(SEQS)
+    batch_full = bool(
+        server is not None
+        and seqs
+        and (server.num_waiting_max or 0) > 0
+        and (server.num_running_max or 0) >= 0.9 * float(seqs)
+    )
+    wanted: list[tuple[str, float, str]] = []  # (knob, factor, why)
+    if limit in ("tpot", "itl"):
+        why = f"{limit} broke first: smaller prefill chunks stall decodes less"
+        wanted += [(BATCHED, 0.25, why), (BATCHED, 0.5, why), (SEQS, 0.5, f"{limit} broke first")]
+    elif limit == "ttft" and batch_full:
+        why = "ttft broke first with requests waiting behind a full batch"
+        wanted += [(SEQS, 2.0, why), (SEQS, 4.0, why), (BATCHED, 2.0, why)]
+    else:
+        why = f"{limit or 'an SLO'} broke first"
+        wanted += [(BATCHED, 0.5, why), (BATCHED, 2.0, why), (SEQS, 2.0, why)]
+    moves: list[Move] = []
+    seen: list[dict[str, Any]] = []
+    for knob, factor, reason in wanted:
+        move = _move(space, baseline_values, knob, factor, reason)
+        if move is None or move.values in seen:
+            continue
+        seen.append(move.values)
+        moves.append(move)
+        if len(moves) == MAX_MOVES:
+            break
+    return moves
+
+
+def _move(
+    space: SearchSpace, baseline: Mapping[str, Any], knob: str, factor: float, why: str
+) -> Move | None:
+    param = space.params.get(knob)
+    current = baseline.get(knob)
+    if param is None or current is None or param.low is None or param.high is None:
+        return None
+    target = float(current) * factor
+    target = min(max(target, param.low), param.high)
+    value: Any = int(round(target)) if param.type in ("int", "pow2") else target
+    if param.type == "pow2":
+        value = 1 << max(0, int(round(target)).bit_length() - 1)  # a power of two at or below
+    if value == current:
+        return None
+    values = {name: baseline[name] for name in space.params if name in baseline}
+    values[knob] = value
+    label = f"{knob} x{factor:g}" if factor >= 1 else f"{knob} / {1 / factor:g}"
+    return Move(name=label, why=why, values=values)
