@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from autotune.ladder import CapacityResult, LadderStep
-from autotune.space import SearchSpace
+from autotune.space import ParamSpec, SearchSpace
 from workloads.slo import SLO
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,23 @@ def _move(
         value = 1 << max(0, int(round(target)).bit_length() - 1)  # a power of two at or below
     if value == current:
         return None
-    values = {name: baseline[name] for name in space.params if name in baseline}
+    # The other knobs stay as the baseline's, clamped into the space (a baseline outside it,
+    # e.g. vLLM's 1024 sequences in a 1-32 space, is represented by the nearest bound).
+    values = {
+        name: _clamp(spec, baseline[name]) for name, spec in space.params.items() if name in baseline
+    }
+    values = {name: v for name, v in values.items() if v is not None}
     values[knob] = value
     label = f"{knob} x{factor:g}" if factor >= 1 else f"{knob} / {1 / factor:g}"
     return Move(name=label, why=why, values=values)
+
+
+def _clamp(param: ParamSpec, value: Any) -> Any:
+    if param.contains(value):
+        return value
+    if param.type == "categorical" or param.low is None or param.high is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    clamped = min(max(float(value), param.low), param.high)
+    return int(clamped) if param.type in ("int", "pow2") else clamped
