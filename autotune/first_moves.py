@@ -12,7 +12,9 @@ predicts which knob matters, and the baseline's capacity ladder says which SLO b
 - **TTFT broke first** without a full batch (prefill-bound, or prefills stuck behind
   decodes): half the budget and a larger one, one move each.
 Moves outside the search space are clamped to it; moves equal to the baseline or to one
-already queued are dropped. Then TPE proposes, learning from these trials as from any other.
+already queued are dropped. A move that beats everything measured before it is followed one
+step further the same way (`follow_up`: 8192 -> 2048 paid off, so 1024 next). Then TPE
+proposes, learning from these trials as from any other.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ class Move(BaseModel):
     name: str  # e.g. "max_num_batched_tokens / 4"
     why: str
     values: dict[str, Any]  # engine values of every space parameter the move sets
+    knob: str
+    factor: float
+
+
+def follow_up(move: Move, space: SearchSpace) -> Move | None:
+    """The next step along a move that paid off: the same knob, half the factor's step
+    again (x2 after a growth, / 2 after a shrink), the rest unchanged."""
+    step = 2.0 if move.factor > 1 else 0.5
+    return _move(space, move.values, move.knob, step, f"{move.name} paid off: one step further")
 
 
 def limiting_slo(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
@@ -128,8 +139,8 @@ def _move(
     }
     values = {name: v for name, v in values.items() if v is not None}
     values[knob] = value
-    label = f"{knob} x{factor:g}" if factor >= 1 else f"{knob} / {1 / factor:g}"
-    return Move(name=label, why=why, values=values)
+    label = f"{knob}={value}"
+    return Move(name=label, why=why, values=values, knob=knob, factor=factor)
 
 
 def _clamp(param: ParamSpec, value: Any) -> Any:

@@ -38,6 +38,7 @@ class Measurement(BaseModel):
     ok: bool = True
     failure: str | None = None
     margins_ms: dict[str, float | None] = {}  # SLO spec -> measured - threshold (report)
+    host: str | None = None  # where it was measured: a resumed gate reuses only its own host's
 
 
 class CandidateStats(BaseModel):

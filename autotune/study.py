@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import sqlite3
 import tempfile
 import threading
@@ -40,7 +41,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
-from autotune.first_moves import first_moves
+from autotune.first_moves import Move, first_moves, follow_up
 from autotune.gate import BASELINE, GateDecision, Measurement, decide, round_robin
 from autotune.ladder import CapacityResult, recorded_rate
 from autotune.objective import (
@@ -534,30 +535,79 @@ class TuningStudy:
                          f"queued a retry")
 
     def queue_first_moves(self, study: optuna.Study) -> None:
-        """Once the baseline's capacity is known, queue the one-knob moves its measurement
-        points to (autotune.first_moves), once per study."""
-        if not self.objective.uses_ladder or "first_moves" in study.user_attrs:
+        """Once the baseline's capacity is known, plan the one-knob moves its measurement
+        points to (autotune.first_moves), once per study. One move is queued at a time, so
+        that a move that paid off is followed a step further before the next idea."""
+        if not self.objective.uses_ladder:
             return
+        if "first_moves" not in study.user_attrs:
+            baseline = self.baseline_trial(study)
+            if baseline is None or baseline.state != TrialState.COMPLETE:
+                return
+            capacity = None
+            trial_dir = baseline.user_attrs.get("trial_dir")
+            ladder_file = Path(trial_dir) / "ladder.json" if trial_dir else None
+            if ladder_file is not None and ladder_file.is_file():
+                capacity = CapacityResult.model_validate_json(ladder_file.read_text(encoding="utf-8"))
+            values = baseline.user_attrs.get("engine_params") or {}
+            moves = first_moves(capacity, self.slos, self.space, values)
+            study.set_user_attr("first_moves", [move.name for move in moves])
+            study.set_user_attr("pending_moves", [move.model_dump(mode="json") for move in moves])
+            if moves:
+                self.say("first moves from the baseline's measurement: " + "; ".join(
+                    f"{move.name} ({move.why})" for move in moves))
+        pending = [Move.model_validate(m) for m in study.user_attrs.get("pending_moves", [])]
+        pending = self._follow_moves(study) + pending
+        busy = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        if pending and not busy:
+            self._queue_move(study, pending.pop(0))
+        study.set_user_attr("pending_moves", [m.model_dump(mode="json") for m in pending])
+
+    def _queue_move(self, study: optuna.Study, move: Move) -> None:
+        study.enqueue_trial(
+            self.space.fixed_params(move.values),
+            user_attrs={"move": move.name, "move_why": move.why,
+                        "move_detail": move.model_dump(mode="json")},
+            skip_if_exists=True,
+        )
+
+    def _as_move(self, study: optuna.Study, trial: FrozenTrial) -> Move | None:
+        """The move a first-phase trial made: the one knob its values differ in from the
+        baseline's (None for a sampled trial)."""
+        if not trial.user_attrs.get("move"):
+            return None
+        detail = trial.user_attrs.get("move_detail")
+        if detail:
+            return Move.model_validate(detail)
         baseline = self.baseline_trial(study)
-        if baseline is None or baseline.state != TrialState.COMPLETE:
-            return
-        capacity = None
-        trial_dir = baseline.user_attrs.get("trial_dir")
-        ladder_file = Path(trial_dir) / "ladder.json" if trial_dir else None
-        if ladder_file is not None and ladder_file.is_file():
-            capacity = CapacityResult.model_validate_json(ladder_file.read_text(encoding="utf-8"))
-        values = baseline.user_attrs.get("engine_params") or {}
-        moves = first_moves(capacity, self.slos, self.space, values)
-        for move in moves:
-            study.enqueue_trial(
-                self.space.fixed_params(move.values),
-                user_attrs={"move": move.name, "move_why": move.why},
-                skip_if_exists=True,
-            )
-        study.set_user_attr("first_moves", [move.name for move in moves])
-        if moves:
-            self.say("first moves from the baseline's measurement: " + "; ".join(
-                f"{move.name} ({move.why})" for move in moves))
+        base = (baseline.user_attrs.get("engine_params") or {}) if baseline else {}
+        mine = trial.user_attrs.get("engine_params") or {}
+        changed = [k for k in self.space.params if k in mine and mine.get(k) != base.get(k)]
+        if len(changed) != 1 or not base.get(changed[0]):
+            return None
+        knob = changed[0]
+        return Move(name=str(trial.user_attrs["move"]), why="", values=dict(mine), knob=knob,
+                    factor=float(mine[knob]) / float(base[knob]))
+
+    def _follow_moves(self, study: optuna.Study) -> list[Move]:
+        """For each finished move not looked at yet: its next step when it carries more than
+        everything measured before it."""
+        followed = set(study.user_attrs.get("followed_moves", []))
+        trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+        found: list[Move] = []
+        best_before = 0.0
+        for trial in trials:
+            score = float(trial.user_attrs.get("capacity_rps") or 0.0) if self.feasible(trial) else 0.0
+            move = self._as_move(study, trial)
+            if move is not None and trial.number not in followed and trial.state.is_finished():
+                nxt = follow_up(move, self.space) if score > best_before * 1.02 else None
+                if nxt is not None:
+                    found.append(nxt)
+                    self.say(f"{trial_label(trial.number)} ({move.name}) paid off: next {nxt.name}")
+                followed.add(trial.number)
+            best_before = max(best_before, score)
+        study.set_user_attr("followed_moves", sorted(followed))
+        return found
 
     def enqueue_baseline(self, study: optuna.Study) -> None:
         """Queue the baseline as the next trial unless it was measured or is queued/running."""
@@ -824,6 +874,24 @@ class TuningStudy:
 
     # -- the gate --------------------------------------------------------------------------
 
+    @staticmethod
+    def _gate_done(record: Path, order: list[tuple[int, str]], host: str) -> list[Measurement]:
+        """The runs a gate cut short (killed tuner, machine taken back) already measured, in
+        this gate's order and on this host; --resume goes on after them. Runs measured on
+        another machine are not mixed in: the comparison must be on one machine."""
+        if not record.is_file():
+            return []
+        try:
+            stored = [Measurement.model_validate(m) for m in json.loads(record.read_text(encoding="utf-8"))]
+        except (ValueError, TypeError):
+            return []
+        done: list[Measurement] = []
+        for measurement, (repeat, name) in zip(stored, order, strict=False):
+            if (measurement.candidate, measurement.repeat) != (name, repeat) or measurement.host != host:
+                break
+            done.append(measurement)
+        return done
+
     def validate(self, study: optuna.Study | None = None) -> ValidationResult:
         """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
         study = study or self.study
@@ -854,9 +922,17 @@ class TuningStudy:
             return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
         order = round_robin(list(candidates), options.repeats)
         record = options.output_dir / "validation" / "measurements.json"
+        host = socket.gethostname()
+        done = self._gate_done(record, order, host) if options.resume else []
+        if done:
+            self.say(f"gate: reusing {len(done)} of {len(order)} runs an interrupted gate measured "
+                     f"on this host ({record})")
+        measurements.extend(done)
         for index, (repeat, name) in enumerate(order, start=1):
             run_dir = options.output_dir / "validation" / name / f"repeat-{repeat + 1}"
             run_dirs[name].append(run_dir)
+            if index <= len(done):
+                continue
             hint = known_rps.get(name, known_rps[BASELINE])
             outcome = self.runner.run(
                 candidates[name],
@@ -875,6 +951,7 @@ class TuningStudy:
                     ok=evaluation.ok,
                     failure=evaluation.failure,
                     margins_ms=evaluation.margins_ms,
+                    host=host,
                 )
             )
             atomic_write_text(

@@ -61,3 +61,51 @@ def test_moves_stay_inside_the_space_and_are_never_the_baseline() -> None:
     assert all(m.values != at_floor for m in moves)
     assert all(1024 <= m.values["max_num_batched_tokens"] <= 16384 for m in moves)
     assert first_moves(None, SLOS, SPACE, DEFAULTS) == []
+
+
+# -- the study's first phase, with a fake runner whose capacity peaks at 1024 batched tokens --
+
+
+def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -> None:
+    import math
+    from pathlib import Path
+
+    from autotune.objective import Objective
+    from autotune.study import StudyOptions, TuningStudy
+    from autotune.trial import TrialOutcome
+    from server.config import ServerConfig
+    from workloads.trace import Trace, TraceRequest
+
+    window = Trace.from_requests(
+        [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
+
+    class LadderRunner:
+        """Capacity peaks at 1024 batched tokens; TPOT is what breaks (as on the H100)."""
+
+        def __init__(self) -> None:
+            self.batched: list[int] = []
+
+        def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
+                start_speedup=None) -> TrialOutcome:
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            batched = int(config.engine.get("max_num_batched_tokens") or 8192)
+            self.batched.append(batched)
+            rps = 10.0 - 2.0 * abs(math.log2(batched / 1024))
+            result = capacity(step(rps / 10, True, 200, 45), step(rps / 10 * 1.1, False, 300, 60))
+            result = result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
+            (trial_dir / "ladder.json").write_text(result.model_dump_json())
+            return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
+
+    runner = LadderRunner()
+    study = TuningStudy(
+        options=StudyOptions(study_name="moves", output_dir=tmp_path, n_trials=4, top_k=1, repeats=1),
+        space=SPACE, objective=Objective(kind="capacity"), slos=SLOS,
+        baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
+        tuning_window=window, holdout_window=window, runner=runner,
+        effective_defaults=DEFAULTS, say=lambda line: None,
+    )
+    study.run_search()
+    # Baseline 8192, then a quarter (2048) paid off, so one step further (1024), then 4096.
+    assert runner.batched == [8192, 2048, 1024, 4096]
+    best = study.best_trials(study.study, 1)[0]
+    assert best.user_attrs["capacity_rps"] == 10.0
