@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
+from autotune.ladder import CapacityResult
 from autotune.objective import Objective
 from autotune.progress import format_duration
 from autotune.study import atomic_write_text, is_baseline, lost_worker, trial_label
@@ -132,6 +133,9 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     provenance = inputs.provenance
     plots = write_plots(output_dir, inputs)
     lines: list[str] = [f"# vllm-autotune report: {provenance['study']['name']}", ""]
+    capacity = provenance.get("capacity")
+    if capacity:
+        lines += [capacity_line(capacity, decision.keep_baseline), ""]
 
     if decision.keep_baseline:
         lines += [
@@ -231,6 +235,25 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     path = output_dir / "report.md"
     atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
     return path
+
+
+def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
+    """The first line of a capacity report: how much of the user's traffic each config carries."""
+    recorded = capacity["recorded_rps"]
+    base = capacity.get("baseline_rps")
+    text = (
+        f"**Headroom: the baseline carries {_fmt(capacity.get('baseline_headroom'))}x your "
+        f"recorded traffic** ({_fmt(base)} req/s with every SLO met vs {_fmt(recorded)} req/s "
+        f"recorded, held-out median)"
+    )
+    if not kept_baseline and capacity.get("winner_rps") is not None:
+        text = (
+            f"**Headroom: the exported config carries {_fmt(capacity.get('winner_headroom'))}x your "
+            f"recorded traffic** ({_fmt(capacity['winner_rps'])} req/s with every SLO met vs "
+            f"{_fmt(recorded)} req/s recorded, held-out median); the baseline carries "
+            f"{_fmt(capacity.get('baseline_headroom'))}x ({_fmt(base)} req/s)"
+        )
+    return text + "."
 
 
 def _hardware(hardware: dict[str, Any]) -> str:
@@ -367,6 +390,32 @@ def write_plots(output_dir: Path, inputs: ReportInputs) -> list[tuple[str, str]]
             save(fig, "pareto.png", "Pareto front")
 
     shown = _shown_runs(inputs)
+    curves = {name: _ladders(dirs) for name, dirs in shown.items()}
+    if any(curves.values()) and inputs.slos:
+        per_request = [slo for slo in inputs.slos if slo.metric != "itl"][:2] or list(inputs.slos[:1])
+        fig, axes = plt.subplots(1, len(per_request), figsize=(4.8 * len(per_request), 3.6), squeeze=False)
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for ax, slo in zip(axes[0], per_request, strict=True):
+            for k, (name, ladders) in enumerate(curves.items()):
+                colour = colours[k % len(colours)]
+                for index, ladder in enumerate(ladders):
+                    points = sorted(
+                        (step.offered_rps, step.measured_ms.get(slo.spec()), step.passed)
+                        for step in ladder.steps
+                        if step.measured_ms.get(slo.spec()) is not None
+                    )
+                    if not points:
+                        continue
+                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                            color=colour, alpha=0.8, label=name if index == 0 else None)
+                    if ladder.capacity_rps > 0:
+                        ax.axvline(ladder.capacity_rps, color=colour, linestyle=":", alpha=0.6)
+            ax.axhline(slo.threshold_ms, color="black", linestyle="--", label=f"SLO {slo.threshold_ms:g} ms")
+            ax.set_xlabel("offered load (req/s)")
+            ax.set_ylabel(f"{slo.metric.upper()} p{slo.percentile:g} (ms)")
+            ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        save(fig, "capacity.png", "Latency against offered load, held-out ladders (dotted: capacity)")
     cdf_runs = {name: _latencies(dirs) for name, dirs in shown.items()}
     if any(values["ttft"] for values in cdf_runs.values()):
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -393,6 +442,15 @@ def write_plots(output_dir: Path, inputs: ReportInputs) -> list[tuple[str, str]]
         ax.legend(fontsize=8)
         save(fig, "kv_cache.png", "KV-cache usage over time (held-out runs)")
     return written
+
+
+def _ladders(dirs: Sequence[Path]) -> list[CapacityResult]:
+    found = []
+    for directory in dirs:
+        path = Path(directory) / "ladder.json"
+        if path.is_file():
+            found.append(CapacityResult.model_validate_json(path.read_text(encoding="utf-8")))
+    return found
 
 
 def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, float]:

@@ -392,6 +392,9 @@ def finish(
         search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
                 "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
     )
+    capacity = capacity_figures(plan, decision)
+    if capacity is not None:
+        provenance["capacity"] = capacity
     best_path = options.output_dir / "best.yaml"
     export_best(best_path, final_config(plan["baseline"], overrides), provenance)
     report = write_report(
@@ -411,6 +414,10 @@ def finish(
             workload_profile=plan["profile_text"],
         ),
     )
+    if capacity is not None:
+        from autotune.report import capacity_line
+
+        say(capacity_line(capacity, decision.keep_baseline).replace("**", ""))
     if decision.keep_baseline:
         say("")
         say("*** KEPT THE BASELINE: no config beat it beyond the noise. ***")
@@ -421,6 +428,27 @@ def finish(
         say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
     say(f"wrote {best_path} and {report}")
     return 0
+
+
+def capacity_figures(plan: dict[str, Any], decision: Any) -> dict[str, Any] | None:
+    """Capacity and headroom of the baseline and the winner on the held-out window (medians
+    of the gate's repeats), for best.yaml's provenance, the report and the last lines."""
+    from autotune.ladder import recorded_rate
+
+    if not plan["objective"].uses_ladder or decision.baseline_median is None:
+        return None
+    recorded = recorded_rate(plan["holdout"])
+    base = float(decision.baseline_median)
+    figures: dict[str, Any] = {
+        "recorded_rps": round(recorded, 3),
+        "baseline_rps": round(base, 3),
+        "baseline_headroom": round(base / recorded, 3) if recorded > 0 else None,
+    }
+    if not decision.keep_baseline and decision.candidate_median is not None:
+        win = float(decision.candidate_median)
+        figures["winner_rps"] = round(win, 3)
+        figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None
+    return figures
 
 
 def _say(line: str) -> None:

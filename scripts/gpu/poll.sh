@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Wait on a background GPU run and bring its results back on EVERY call.
+# A lent machine goes back 30 s after a call ends (and after 30 minutes held), and everything
+# on it is lost: each poll therefore packs the run folder into $OUT before it returns, so the
+# latest state is always on the developer's machine. Usage: poll.sh RUN_DIR [SECONDS]
+set -uo pipefail
+run=${1:?run dir}; wait_s=${2:-480}
+deadline=$(( $(date +%s) + wait_s ))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+  # The tuner has exited (or never started): no point waiting longer.
+  pgrep -f "autotune run" >/dev/null || break
+  sleep 10
+done
+grep -E "step|trial|first move|paid off|gate|Headroom|KEPT|winner|wrote|Error|error" "$run/study.log" | tail -25
+if [ -n "${OUT:-}" ]; then
+  tar -C "$(dirname "$run")" -czf "$OUT/run.tar.gz" --exclude='*.db-journal' "$(basename "$run")" \
+    && ls -la "$OUT"
+fi
