@@ -48,6 +48,7 @@ def steps(quick: bool) -> list[Step]:
              repeat_until_done=True),
         Step("search_efficiency", ("benchmarks/search_efficiency.py", "replay", *q), engine=False),
         Step("trial_overhead", ("benchmarks/trial_overhead.py", *q), engine=True),
+        Step("capacity_repeats", ("benchmarks/capacity_repeats.py", *q), engine=True),
     ]
 
 

@@ -185,3 +185,32 @@ def test_a_step_far_over_capacity_is_abandoned_before_it_ends(tmp_path: Path) ->
     assert not step.passed and step.abandoned
     assert step.summary.completed < step.requests
     assert outcome.capacity.capacity_rps == 0.0
+
+
+def test_a_step_that_kills_the_server_ends_the_ladder_keeping_what_was_measured(tmp_path: Path) -> None:
+    """Overload that crashes the engine (e.g. OOM at high load): the trial is a classified
+    crash, the steps measured before it stay in the outcome and ladder.json, and no server
+    process is left."""
+    import psutil
+
+    behaviour = tmp_path / "dies.json"
+    # Dies at its 80th completion: the first step (40 requests) passes, the second kills it.
+    behaviour.write_text(json.dumps({"slots": 8, "token_delay_s": 0.005, "die_after": 80,
+                                     "message": "CUDA out of memory (fake)"}))
+    runner = TrialRunner(
+        server_command=[sys.executable, str(FAKE_SERVER), "--behaviour", str(behaviour)],
+        startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
+        stale_registry=tmp_path / "servers.json", slos=[parse_slo("ttft_p95_ms=500")],
+        ladder=LadderSettings(step_requests=40, min_step_s=1.0, max_steps=4),
+    )
+    trial_dir = tmp_path / "crash"
+    outcome = runner.run(ServerConfig(engine={"model": "fake"}), window(), trial_dir)
+    assert not outcome.ok and outcome.failure in ("crash", "oom")
+    assert outcome.capacity is not None and outcome.capacity.stopped_by == outcome.failure
+    assert outcome.capacity.steps and outcome.capacity.steps[0].passed
+    assert outcome.capacity.capacity_rps > 0
+    saved = CapacityResult.model_validate_json((trial_dir / "ladder.json").read_text())
+    assert saved.steps == outcome.capacity.steps
+    config_path = str(trial_dir / "config.yaml")
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and config_path in p.info["cmdline"]]
+    assert left == []
