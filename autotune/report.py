@@ -244,13 +244,14 @@ def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
     text = (
         f"**Headroom: the baseline carries {_fmt(capacity.get('baseline_headroom'))}x your "
         f"recorded traffic** ({_fmt(base)} req/s with every SLO met vs {_fmt(recorded)} req/s "
-        f"recorded, held-out median)"
+        f"recorded; {capacity.get('measured_on', 'held-out median')})"
     )
     if not kept_baseline and capacity.get("winner_rps") is not None:
         text = (
             f"**Headroom: the exported config carries {_fmt(capacity.get('winner_headroom'))}x your "
             f"recorded traffic** ({_fmt(capacity['winner_rps'])} req/s with every SLO met vs "
-            f"{_fmt(recorded)} req/s recorded, held-out median); the baseline carries "
+            f"{_fmt(recorded)} req/s recorded; {capacity.get('measured_on', 'held-out median')}); "
+            f"the baseline carries "
             f"{_fmt(capacity.get('baseline_headroom'))}x ({_fmt(base)} req/s)"
         )
     return text + "."

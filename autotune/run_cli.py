@@ -392,7 +392,8 @@ def finish(
         search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
                 "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
     )
-    capacity = capacity_figures(plan, decision)
+    capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
+                                baseline_trial=tuning.baseline_trial(study))
     if capacity is not None:
         provenance["capacity"] = capacity
     best_path = options.output_dir / "best.yaml"
@@ -430,21 +431,33 @@ def finish(
     return 0
 
 
-def capacity_figures(plan: dict[str, Any], decision: Any) -> dict[str, Any] | None:
-    """Capacity and headroom of the baseline and the winner on the held-out window (medians
-    of the gate's repeats), for best.yaml's provenance, the report and the last lines."""
+def capacity_figures(
+    plan: dict[str, Any], decision: Any, *, gated: bool, baseline_trial: Any
+) -> dict[str, Any] | None:
+    """Capacity and headroom of the baseline and the winner for best.yaml's provenance, the
+    report and the last lines: medians of the gate's held-out repeats, or, when no gate ran,
+    the baseline's search measurement on the tuning window (and the figures say which)."""
     from autotune.ladder import recorded_rate
 
-    if not plan["objective"].uses_ladder or decision.baseline_median is None:
+    if not plan["objective"].uses_ladder:
         return None
-    recorded = recorded_rate(plan["holdout"])
-    base = float(decision.baseline_median)
+    if gated and decision.baseline_median is not None:
+        recorded = recorded_rate(plan["holdout"])
+        base = float(decision.baseline_median)
+        source = "held-out window, median of the gate's repeats"
+    elif baseline_trial is not None and baseline_trial.user_attrs.get("capacity_rps") is not None:
+        recorded = recorded_rate(plan["tuning"])
+        base = float(baseline_trial.user_attrs["capacity_rps"])
+        source = "tuning window, the baseline's search trial (no gate ran)"
+    else:
+        return None
     figures: dict[str, Any] = {
+        "measured_on": source,
         "recorded_rps": round(recorded, 3),
         "baseline_rps": round(base, 3),
         "baseline_headroom": round(base / recorded, 3) if recorded > 0 else None,
     }
-    if not decision.keep_baseline and decision.candidate_median is not None:
+    if gated and not decision.keep_baseline and decision.candidate_median is not None:
         win = float(decision.candidate_median)
         figures["winner_rps"] = round(win, 3)
         figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None

@@ -46,3 +46,32 @@ def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path) -
     # One sequence at a time queues everything behind the request being decoded.
     assert capacities["one-seq"].capacity_rps < capacities["defaults"].capacity_rps
     assert capacities["defaults"].capacity_rps > 0
+
+
+@pytest.mark.engine
+def test_autotune_run_reports_the_baselines_capacity_and_headroom(tmp_path: Path) -> None:
+    """The default objective end to end with one launch: the baseline's ladder, the
+    headroom line first in report.md and in the last lines, capacity in best.yaml."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "study"
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--workload",
+         str(root / "workloads" / "samples" / "translation_trace.jsonl"), "--trials", "1",
+         "--step-requests", "20", "--ladder-resolution", "0.5", "--output-dir", str(out),
+         "--study-name", "capacity-e2e"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Headroom: the baseline carries" in done.stdout
+    report = (out / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Headroom: the baseline carries")
+    ladder = out / "trials" / "trial-0000" / "ladder.json"
+    assert ladder.is_file()
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    capacity = best["additional-config"]["vllm_autotune"]["provenance"]["capacity"]
+    assert capacity["baseline_rps"] > 0 and capacity["recorded_rps"] > 0
