@@ -14,6 +14,8 @@ Keys (all optional):
   fail_every      answer every n-th completion with HTTP 500
   die_after       exit (printing `message`) once this many completions were answered
   allocate_mib    hold this much touched memory while running
+GET /stats answers {"completions": n}: the completions received so far (for tests that act
+once the measured window is under way).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def main() -> int:
             if self.path == "/health":
                 up = ready_after is not None and time.monotonic() - started >= ready_after
                 self._answer(200 if up else 503, b"")
+            elif self.path == "/stats":
+                with lock:
+                    self._answer(200, json.dumps({"completions": completions["n"]}).encode())
             elif self.path == "/metrics" and metrics_file:
                 with open(metrics_file, "rb") as handle:
                     self._answer(200, handle.read())
