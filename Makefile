@@ -9,8 +9,9 @@ WORKLOAD ?= workloads/samples/translation_trace.jsonl
 # Set up once: scripts/setup.sh runs again only when .venv is missing or older than what it
 # installs from (delete .venv, or `make setup-force`, to reinstall from scratch).
 STAMP := .venv/.autotune-setup-done
-# Two pytest workers (this is a 2-core machine). Tests that share the session's real server
-# run on one worker (xdist group, tests/conftest.py); the others are spread over both.
+# Two pytest workers (this is a 2-core machine). tests/server/, whose tests share the session's
+# real server, runs on one worker (--dist loadgroup: tests/conftest.py's scheduler); the other
+# tests are spread over both, engine tests first.
 WORKERS ?= 2
 LINT := $(PY) -m ruff check autotune server workloads tests benchmarks scripts
 

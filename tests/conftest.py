@@ -13,11 +13,14 @@ of a session in which any scenario ran, `DIR/reliability.json` keeps each scenar
 rewritten from it; without the option nothing is written. A scenario whose test failed is
 written as FAILED with what held before the failure.
 
-Markers set here from the fixtures a test uses, so that a test cannot forget them: `postgres`
-(the `postgres_url` fixture) and an xdist group for every test of the session's real server
-(the `server` fixture, tests/server/conftest.py): under `pytest -n 2 --dist loadgroup` those
-tests run on one worker and share one engine. Tests marked `engine` are collected first, the
-longest first, so that the two workers start them at once and the short tests fill the gaps.
+The `postgres` marker is set here from the fixture a test uses (`postgres_url`), so that a
+test cannot forget it. Under `pytest -n 2 --dist loadgroup` (make test) the tests of
+tests/server/ are one unit of work, run by one worker, so that the session's real server
+(tests/server/conftest.py) is started once and used by one test at a time; the other tests
+are spread over both workers. (xdist's own `xdist_group` marker does nothing under pytest
+9.2: the scheduler here groups by folder instead.) Tests marked `engine` are collected
+first, those that start the most engines first, so that the two workers start them at once
+and the short tests fill the gaps.
 """
 
 from __future__ import annotations
@@ -223,7 +226,8 @@ _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
-SERVER_GROUP = "session-server"
+# Every test under this folder runs on one pytest-xdist worker (see the module docstring).
+SERVER_TESTS = "tests/server/"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -239,9 +243,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "reliability: a scenario recorded in results/reliability.md (make reliability)"
-    )
-    config.addinivalue_line(
-        "markers", "xdist_group(name): tests run on one pytest-xdist worker (--dist loadgroup)"
     )
     directory = config.getoption("reliability_dir")
     if directory is not None:
@@ -262,11 +263,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.reliability)
         if "postgres_url" in fixtures:
             item.add_marker(pytest.mark.postgres)
-        if "server" in fixtures:
-            item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
-    # The session server's tests first (one unit for xdist), then the other engine tests, the
-    # most engine starts first, then everything else; pytest's order within each (stable).
+    # The session server's tests first, then the other engine tests, the most engine starts
+    # first, then everything else; pytest's order within each (the sort is stable).
     items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup`: tests/server/ is one unit of work; every other test is its own."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FolderGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SERVER_TESTS if nodeid.startswith(SERVER_TESTS) else nodeid
+
+    return FolderGroups(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
