@@ -64,14 +64,14 @@ def server_pids(trial_dir: Path) -> list[int]:
 
 def window_requests_answered(registry: Path, warmup_requests: int = 2) -> int:
     """Completions the registered fake server received after its warm-up (0 if none yet)."""
-    servers = StaleServerRegistry(registry).entries()
-    if not servers:
-        return 0
     try:
+        servers = StaleServerRegistry(registry).entries()
+        if not servers:
+            return 0
         stats = httpx.get(f"http://127.0.0.1:{servers[0].port}/stats", timeout=2, trust_env=False)
-    except httpx.HTTPError:
+        return stats.json()["completions"] - warmup_requests
+    except (OSError, ValueError, httpx.HTTPError):  # not there yet, or gone
         return 0
-    return stats.json()["completions"] - warmup_requests
 
 
 def assert_outcome_file_matches(outcome: TrialOutcome, trial_dir: Path) -> None:

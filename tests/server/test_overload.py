@@ -108,9 +108,13 @@ class Client:
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
+        # No client timeout (how long an answer may take is the machine's business; the test
+        # is bounded by pytest-timeout), and a connection per request: a kept-alive connection
+        # that the server closes as idle (uvicorn: after 5 s) just as it is reused would read
+        # as a dropped request.
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=60),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None),
         )
         return self
 
