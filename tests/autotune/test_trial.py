@@ -185,20 +185,33 @@ def test_ctrl_c_stops_the_server_records_interrupted_and_reraises(
     long_window = window(n=100, spacing_ms=100.0)  # 10 s; interrupted once it is under way
     trial_runner = runner(tmp_path, spawn_child=True)
 
+    sent: list[int] = []
+    finished = threading.Event()  # the trial returned (or raised): the watcher gives up
+
     def interrupt_once_measuring() -> None:
         # The fake server's port is in the registry; it counts the completions it received:
         # past the 2 warm-up requests, the measured window is under way.
-        stop = threading.Event()
-        while not stop.wait(0.05):
-            if window_requests_answered(tmp_path / "servers.json") >= 1:
-                break
-        os.kill(os.getpid(), signal.SIGINT)
+        while not finished.wait(0.05):
+            answered = window_requests_answered(tmp_path / "servers.json")
+            if answered >= 1:
+                sent.append(answered)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
 
+    # Ctrl-C as a terminal sends it: Python's own handler (whatever an earlier test left).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = threading.Thread(target=interrupt_once_measuring, daemon=True)
     thread.start()
-    with pytest.raises(KeyboardInterrupt):
-        trial_runner.run(config, long_window, trial_dir)
-    thread.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                trial_runner.run(config, long_window, trial_dir)
+            finally:
+                finished.set()
+                assert sent, "the watcher never saw the window start: no Ctrl-C was sent"
+    finally:
+        thread.join()
+        signal.signal(signal.SIGINT, previous)
     outcome = TrialOutcome.model_validate_json((trial_dir / "outcome.json").read_text())
     assert outcome.failure == "interrupted" and not outcome.ok
     assert outcome.teardown is not None and outcome.teardown.leftover_pids == []
