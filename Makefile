@@ -1,20 +1,45 @@
 # The two commands the README starts with.
 #   make demo   set up .venv (CPU or GPU extra) and tune the embedded default on the sample trace
-#   make test   set up .venv and run the test suite (what CI runs)
+#   make test   set up .venv and run the whole test suite (what CI runs)
+# and, for the edit loop and the record:
+#   make test-fast    every test that needs no vLLM engine, no PostgreSQL and is not slow (< 1 min)
+#   make reliability  run the reliability scenarios and rewrite results/reliability.{json,md}
 PY := .venv/bin/python
 WORKLOAD ?= workloads/samples/translation_trace.jsonl
+# Set up once: scripts/setup.sh runs again only when .venv is missing or older than what it
+# installs from (delete .venv, or `make setup-force`, to reinstall from scratch).
+STAMP := .venv/.autotune-setup-done
+# Two pytest workers (this is a 2-core machine) for the tests without an engine; the engine and
+# PostgreSQL tests then run one at a time: two CPU engines on two cores made timing-sensitive
+# engine tests fail under load (disconnect detection, Ctrl-C landing), so they get the machine.
+WORKERS ?= 2
+LINT := $(PY) -m ruff check autotune server workloads tests benchmarks scripts
 
-.PHONY: setup demo test lint
+.PHONY: setup setup-force demo test test-fast lint reliability
 
-setup:
+$(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+setup-force:
+	rm -f $(STAMP)
+	$(MAKE) setup
 
 demo: setup
 	$(PY) -m autotune run --workload $(WORKLOAD)
 
 lint: setup
-	$(PY) -m ruff check autotune server workloads tests benchmarks scripts
+	$(LINT)
 
 test: setup
-	$(PY) -m ruff check autotune server workloads tests benchmarks scripts
-	$(PY) -m pytest -q
+	$(LINT)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup -m "not engine and not postgres"
+	$(PY) -m pytest -q -m "engine or postgres"
+
+test-fast: setup
+	$(PY) -m pytest -q -n $(WORKERS) -m "not engine and not postgres and not slow"
+
+reliability: setup
+	$(PY) -m pytest -q -m reliability --reliability-dir results

@@ -298,8 +298,13 @@ class MetricsSampler:
             try:
                 await self._task
             except asyncio.CancelledError:
-                pass
-            self._task = None
+                # The sampler's own cancellation ends here; the caller's (Ctrl-C landing
+                # while this waits) must go on, or asyncio.run would return as if all was well.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            finally:
+                self._task = None
         return list(self._samples)
 
     async def _loop(self) -> None:

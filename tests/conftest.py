@@ -1,19 +1,33 @@
-"""The reliability record: `results/reliability.md`, written by the test suite.
+"""Suite-wide plumbing: the reliability record, the markers, and the order and grouping of tests.
+
+The reliability record (`results/reliability.md`) is produced by a command, never as a side
+effect of running tests:
+
+    make reliability     # = pytest -m reliability --reliability-dir results
 
 A reliability scenario (faults, bad input, overload, security defaults) takes the
 `reliability` fixture and says what it injected, each thing that held (right after the
-assertion that proves it) and the figures it measured. At the end of a session in which any
-scenario ran, `results/reliability.json` keeps each scenario's latest run (so running one test
-updates its entry and leaves the others') and `results/reliability.md` is rewritten from it.
-A scenario whose test failed is written as FAILED with what held before the failure.
+assertion that proves it) and the figures it measured. With `--reliability-dir DIR`, at the end
+of a session in which any scenario ran, `DIR/reliability.json` keeps each scenario's latest run
+(so running one test updates its entry and leaves the others') and `DIR/reliability.md` is
+rewritten from it; without the option nothing is written. A scenario whose test failed is
+written as FAILED with what held before the failure.
 
-    .venv/bin/python -m pytest -m reliability     # every scenario, then read the file
+The `postgres` marker is set here from the fixture a test uses (`postgres_url`), so that a
+test cannot forget it. Under `pytest -n 2 --dist loadgroup` (make test) the tests of
+tests/server/ are one unit of work, run by one worker, so that the session's real server
+(tests/server/conftest.py) is started once and used by one test at a time; the other tests
+are spread over both workers. (xdist's own `xdist_group` marker does nothing under pytest
+9.2: the scheduler here groups by folder instead.) Tests marked `engine` are collected
+first, those that start the most engines first, so that the two workers start them at once
+and the short tests fill the gaps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import importlib.metadata
 import os
 import platform
@@ -28,7 +42,7 @@ from pydantic import BaseModel
 
 from autotune.study import atomic_write_text
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("Faults during a study", "Bad input", "Overload", "Security defaults")
 Outcome = Literal["passed", "failed", "skipped", "unfinished"]
 
@@ -120,23 +134,27 @@ class ReliabilityLog:
     def write(self) -> None:
         if not self.records:
             return
+        self.directory.mkdir(parents=True, exist_ok=True)
         json_path = self.directory / "reliability.json"
-        previous: list[ScenarioRecord] = []
-        with contextlib.suppress(OSError, ValueError):
-            previous = _RecordFile.model_validate_json(json_path.read_text()).scenarios
-        # Entries of tests that no longer exist go; the others keep their latest run.
-        merged = {record.name: record for record in previous if test_exists(record.test)}
-        for record in self.records:
-            merged[record.name] = record
-        ordered = sorted(merged.values(), key=lambda r: (GROUPS.index(r.group), r.test, r.name))
-        atomic_write_text(json_path, _RecordFile(scenarios=ordered).model_dump_json(indent=2) + "\n")
-        atomic_write_text(self.directory / "reliability.md", render(ordered))
+        # Several pytest-xdist workers may finish at once: merge one at a time.
+        with open(self.directory / ".reliability.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            previous: list[ScenarioRecord] = []
+            with contextlib.suppress(OSError, ValueError):
+                previous = _RecordFile.model_validate_json(json_path.read_text()).scenarios
+            # Entries of tests that no longer exist go; the others keep their latest run.
+            merged = {record.name: record for record in previous if test_exists(record.test)}
+            for record in self.records:
+                merged[record.name] = record
+            ordered = sorted(merged.values(), key=lambda r: (GROUPS.index(r.group), r.test, r.name))
+            atomic_write_text(json_path, _RecordFile(scenarios=ordered).model_dump_json(indent=2) + "\n")
+            atomic_write_text(self.directory / "reliability.md", render(ordered))
 
 
 def test_exists(node_id: str) -> bool:
     """Whether the test a record names is still in the repository (file and function)."""
     file, _, name = node_id.partition("::")
-    path = RESULTS.parent / file
+    path = ROOT / file
     function = name.split("[")[0].split("::")[-1]
     try:
         return f"def {function}(" in path.read_text()
@@ -164,10 +182,10 @@ def render(records: list[ScenarioRecord]) -> str:
     lines = [
         "# Reliability: faults, bad input, overload, security defaults",
         "",
-        "Written by the test suite (`tests/conftest.py`, the `reliability` fixture), never by "
-        "hand: each scenario below is a test that injected the fault or input named, checked "
-        "what a user relies on, and recorded the figures it measured. Each entry is that "
-        "scenario's latest run; regenerate with `.venv/bin/python -m pytest -m reliability`.",
+        "Written by `make reliability` (the scenarios' tests, through the `reliability` fixture "
+        "of `tests/conftest.py`), never by hand: each scenario below is a test that injected the "
+        "fault or input named, checked what a user relies on, and recorded the figures it "
+        "measured. Each entry is that scenario's latest run.",
         "",
         f"{passed} of {len(records)} scenarios passed in their latest run.",
         "",
@@ -208,18 +226,60 @@ _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
+# Every test under this folder runs on one pytest-xdist worker (see the module docstring).
+SERVER_TESTS = "tests/server/"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reliability-dir",
+        metavar="DIR",
+        type=Path,
+        help="write the reliability record (reliability.json, reliability.md) to DIR at the "
+        "end of the session; `make reliability` passes `results`. Without it nothing is written.",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "reliability: a scenario recorded in results/reliability.md"
+        "markers", "reliability: a scenario recorded in results/reliability.md (make reliability)"
     )
-    config.stash[_LOG] = ReliabilityLog(RESULTS)
+    directory = config.getoption("reliability_dir")
+    if directory is not None:
+        config.stash[_LOG] = ReliabilityLog(directory.resolve())
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def engine_starts(item: pytest.Item) -> int:
+    """How many engines a test starts (`@pytest.mark.engine(starts=N)`, default 1)."""
+    marker = item.get_closest_marker("engine")
+    return 0 if marker is None else int(marker.kwargs.get("starts", 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "reliability" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "reliability" in fixtures:
             item.add_marker(pytest.mark.reliability)
+        if "postgres_url" in fixtures:
+            item.add_marker(pytest.mark.postgres)
+    # The session server's tests first, then the other engine tests, the most engine starts
+    # first, then everything else; pytest's order within each (the sort is stable).
+    items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup`: tests/server/ is one unit of work; every other test is its own."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FolderGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SERVER_TESTS if nodeid.startswith(SERVER_TESTS) else nodeid
+
+    return FolderGroups(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -233,7 +293,7 @@ def pytest_runtest_makereport(
 
 @pytest.fixture
 def reliability(request: pytest.FixtureRequest) -> Iterator[Scenario]:
-    scenario = Scenario(request.node.nodeid)
+    scenario = Scenario(request.node.nodeid.partition("@")[0])  # without the xdist group
     yield scenario
     reports = request.node.stash.get(_REPORTS, {})
     call = reports.get("call")
@@ -246,8 +306,9 @@ def reliability(request: pytest.FixtureRequest) -> Iterator[Scenario]:
     else:
         outcome = "failed"
     record = scenario.finish(outcome)
-    if record is not None and outcome != "skipped":
-        request.config.stash[_LOG].add(record)
+    log = request.config.stash.get(_LOG, None)
+    if record is not None and outcome != "skipped" and log is not None:
+        log.add(record)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

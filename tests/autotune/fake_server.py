@@ -17,6 +17,8 @@ Keys (all optional):
   slots           serve at most this many completions at once, the rest wait in line (a
                   server with a known capacity: slots / (max_tokens * token_delay_s) req/s);
                   /metrics then reports live vllm:num_requests_running / _waiting gauges
+GET /stats answers {"completions": n}: the completions received so far (for tests that act
+once the measured window is under way).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def main() -> int:
                     text = (f"vllm:num_requests_running {gauges['running']}\n"
                             f"vllm:num_requests_waiting {gauges['waiting']}\n")
                 self._answer(200, text.encode())
+            elif self.path == "/stats":
+                with lock:
+                    self._answer(200, json.dumps({"completions": completions["n"]}).encode())
             elif self.path == "/metrics" and metrics_file:
                 with open(metrics_file, "rb") as handle:
                     self._answer(200, handle.read())

@@ -2,13 +2,16 @@
 
 - The baseline's server is SIGKILLed in the middle of its measured window, and the searched
   config reserves too little memory for the KV cache: both trials are classified, the study
-  finishes, and no server process (engine core included) is left.
+  finishes (the baseline kept, and said so on the terminal and in report.md), and no server
+  process (engine core included) is left.
 - A server still starting its engine at the readiness deadline: timed out, its whole group
   (engine core included) stopped, classified.
 - The port the launcher was asked for is held by another process: the real server says so
   within seconds (before any engine start), and the launcher moves to a free port.
 
-The SIGKILLed *tuner* (orphaned server, --resume) is test_run_engine.py's.
+The SIGKILLed *tuner* (orphaned server, --resume) is test_run_engine.py's. Each study here
+needs engines of its own (every trial launches its server: that is what is under test); the
+launcher tests start one server each and stop it before it is ready.
 """
 
 from __future__ import annotations
@@ -32,13 +35,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from autotune.launcher import ServerLauncher, ServerStartFailed, StaleServerRegistry, free_port
 from server.config import ServerConfig, default_engine_settings
 
-pytestmark = pytest.mark.engine
-
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 SHORT = ["--tuning-window", "8", "--holdout-window", "6", "--top-k", "1", "--repeats", "1"]
 FAULTS = "Faults during a study"
 WARMUP_REQUESTS = 4  # TrialRunner's default
+# A small KV-cache share (~0.6 GiB of KV, see tests/server/conftest.py) for the servers that
+# must start: little memory held while other engines start beside them.
+KV_CACHE_SHARE = 0.15
+
+
+def small_engine() -> ServerConfig:
+    return ServerConfig(engine={**default_engine_settings(), "gpu_memory_utilization": KV_CACHE_SHARE})
 
 
 def autotune(*args: str | Path) -> list[str]:
@@ -112,6 +120,7 @@ def end_tuner(tuner: subprocess.Popen[bytes]) -> None:
         tuner.wait()
 
 
+@pytest.mark.engine(starts=2)
 def test_server_killed_mid_window_and_a_config_out_of_memory_are_classified_and_the_study_finishes(
     tmp_path: Path, reliability
 ) -> None:
@@ -135,10 +144,12 @@ def test_server_killed_mid_window_and_a_config_out_of_memory_are_classified_and_
     )
     out = tmp_path / "out"
     log = tmp_path / "tuner.log"
-    # A 20 s window (~90 requests) killed 3 requests in: the kill lands inside the window even
-    # when a busy machine delays this loop by seconds (8 s windows were over before it).
+    baseline = tmp_path / "baseline.yaml"
+    small_engine().write(baseline)
+    # A 12 s window (~50 requests) killed 3 requests in (under a second): the kill lands inside
+    # the window even when a busy machine delays this loop by seconds.
     args = ("--trials", "2", "--space", space, "--output-dir", out, "--study-name", "faults",
-            "--tuning-window", "20")
+            "--tuning-window", "12", "--baseline", baseline)
     tuner = run_tuner(autotune(*args), log)
     watcher = ServerWatcher(out / "servers.json")
     killed_at: float | None = None
@@ -182,8 +193,16 @@ def test_server_killed_mid_window_and_a_config_out_of_memory_are_classified_and_
     reliability.held("both trials were kept as COMPLETE but infeasible (constraint `ran` violated)")
     best = ServerConfig.load(out / "best.yaml")
     assert best.provenance["decision"]["kept_baseline"] is True
-    assert (out / "report.md").is_file()
-    reliability.held("the study went on and finished: exit 0, best.yaml (the baseline, kept) and report.md")
+    assert best.engine["gpu_memory_utilization"] == KV_CACHE_SHARE  # the baseline file's
+    # Nothing beat the baseline, so best.yaml holds it and the run says so, loudly.
+    assert "KEPT THE BASELINE" in output
+    report = (out / "report.md").read_text()
+    assert "THE BASELINE WAS KEPT" in report and "trial-0001" in report
+    assert (out / "history.png").stat().st_size > 0
+    reliability.held(
+        "the study went on and finished: exit 0, best.yaml (the baseline, kept, as the terminal "
+        "and report.md say) and the history plot"
+    )
 
     assert watcher.survivors() == []
     assert json.loads((out / "servers.json").read_text())["servers"] == []
@@ -205,6 +224,7 @@ def test_server_killed_mid_window_and_a_config_out_of_memory_are_classified_and_
     reliability.figure("tuner run, kill to exit", time.monotonic() - killed_at, "s (includes the OOM trial)")
 
 
+@pytest.mark.engine(starts=1)  # stopped once its engine core exists, before it is ready
 def test_server_never_ready_is_timed_out_killed_and_classified(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Server that never becomes ready",
@@ -216,7 +236,7 @@ def test_server_never_ready_is_timed_out_killed_and_classified(tmp_path: Path, r
         ),
     )
     config_path = tmp_path / "config.yaml"
-    ServerConfig(engine=default_engine_settings()).write(config_path)
+    small_engine().write(config_path)
     registry = StaleServerRegistry(tmp_path / "servers.json")
     launcher = ServerLauncher(startup_timeout_s=240, registry=registry, study="slow")
     server = launcher.spawn(config_path, tmp_path / "server.log", port=free_port(), trial="trial-0000")
@@ -250,6 +270,7 @@ def test_server_never_ready_is_timed_out_killed_and_classified(tmp_path: Path, r
     reliability.figure("teardown", teardown.seconds, f"s ({teardown.strongest_signal} needed)")
 
 
+@pytest.mark.engine(starts=0)  # real servers, refused or stopped before any engine
 def test_port_taken_by_another_process_is_named_fast_and_avoided(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Port taken by another process",

@@ -24,7 +24,7 @@ def translation_like_window(requests: int = 40, seconds: float = 10.0) -> Trace:
     )
 
 
-@pytest.mark.engine
+@pytest.mark.engine(starts=2)
 @pytest.mark.slow
 def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path) -> None:
     slos = [parse_slo("ttft_p95_ms=1000"), parse_slo("tpot_p95_ms=100")]
@@ -48,7 +48,7 @@ def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path) -
     assert capacities["defaults"].capacity_rps > 0
 
 
-@pytest.mark.engine
+@pytest.mark.engine(starts=1)
 def test_autotune_run_reports_the_baselines_capacity_and_headroom(tmp_path: Path) -> None:
     """The default objective end to end with one launch: the baseline's ladder, the
     headroom line first in report.md and in the last lines, capacity in best.yaml."""

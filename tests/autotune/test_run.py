@@ -40,6 +40,7 @@ def test_unwritable_results_folder_fails_before_any_trial(tmp_path: Path, capsys
     reliability.figure("time to the error", time.monotonic() - started, "s")
 
 
+@pytest.mark.slow  # a real `autotune run` subprocess
 def test_a_damaged_study_database_is_refused_before_any_trial(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Study database damaged",

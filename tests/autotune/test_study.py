@@ -261,6 +261,7 @@ def study_database(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return (folder / "study.db").read_bytes()
 
 
+@pytest.mark.slow  # 60 hypothesis examples, each a real study database
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(
     damage=st.sampled_from(["truncate", "overwrite", "zero"]),

@@ -22,6 +22,9 @@ from workloads.trace import Trace, TraceRequest
 
 WINDOW_S = 10.0
 REQUESTS = 20
+# A small KV-cache share (~0.6 GiB of KV, see tests/server/conftest.py): little memory held
+# while other engines start beside this one.
+KV_CACHE_SHARE = 0.15
 
 
 def translation_like_window() -> Trace:
@@ -40,12 +43,14 @@ def translation_like_window() -> Trace:
     )
 
 
-@pytest.mark.engine
+@pytest.mark.engine(starts=1)  # its own: the trial launches and stops the server itself
 def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path) -> None:
     study_dir = tmp_path / "study"
     trial_dir = study_dir / "trial-0000"
     registry = study_dir / "servers.json"
-    config = ServerConfig(engine={**default_engine_settings(), "max_num_seqs": 8})
+    config = ServerConfig(
+        engine={**default_engine_settings(), "max_num_seqs": 8, "gpu_memory_utilization": KV_CACHE_SHARE}
+    )
     runner = TrialRunner(startup_timeout_s=240, stale_registry=registry)
 
     started = time.monotonic()
@@ -79,9 +84,11 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert metrics.itl_mean_ms is not None and metrics.itl_p95_ms is not None
     assert metrics.e2e_mean_ms is not None and metrics.queue_mean_ms is not None
     assert metrics.preemptions == 0
-    assert len(metrics.timeline) >= WINDOW_S * 0.8  # one sample a second
-    assert metrics.num_running_max is not None and metrics.num_running_max >= 1
-    assert metrics.kv_cache_usage_max is not None and 0 < metrics.kv_cache_usage_max <= 1
+    # Sampled about once a second during the window (a loaded machine makes fewer samples;
+    # a sample can fall between two short requests, so what it saw may be 0).
+    assert 1 <= len(metrics.timeline) <= outcome.timing.measure_s + 1
+    assert metrics.num_running_max is not None and 0 <= metrics.num_running_max <= 8
+    assert metrics.kv_cache_usage_max is not None and 0 <= metrics.kv_cache_usage_max <= 1
     # The server sees each request inside the client's span of it (send .. [DONE]), so its
     # means cannot exceed the client's: a diff against the wrong scrape would break this.
     assert outcome.summary is not None
@@ -118,15 +125,26 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path) -> None:
     print("\ntrial wall-time breakdown:", json.dumps(breakdown, indent=2))
 
 
-@pytest.mark.engine
-def test_values_vllm_rejects_are_an_invalid_config_outcome(tmp_path: Path) -> None:
+@pytest.mark.engine(starts=0)  # the real server, but it exits before building an engine
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "SchedulerConfig"),
+        # A memory share above 1 (what test_run_engine's study once searched, end to end).
+        ({"gpu_memory_utilization": 1.5}, "CacheConfig"),
+    ],
+    ids=["batched-tokens-below-seqs", "memory-share-above-1"],
+)
+def test_values_vllm_rejects_are_an_invalid_config_outcome(
+    tmp_path: Path, values: dict, named: str
+) -> None:
     # No engine start: the real server checks the values with vLLM and exits 2 first.
-    engine = {**default_engine_settings(), "max_num_seqs": 64, "max_num_batched_tokens": 32}
+    engine = {**default_engine_settings(), **values}
     trial_dir = tmp_path / "trial-0001"
     outcome = TrialRunner(startup_timeout_s=240).run(
         ServerConfig(engine=engine), translation_like_window(), trial_dir
     )
-    assert outcome.failure == "invalid_config"
-    assert "SchedulerConfig" in outcome.failure_detail
+    assert outcome.failure == "invalid_config", (outcome.failure, outcome.failure_detail)
+    assert named in outcome.failure_detail
     assert outcome.teardown is not None and outcome.teardown.exit_code == 2
     assert sorted(p.name for p in trial_dir.iterdir()) == ["config.yaml", "outcome.json", "server.log"]

@@ -22,12 +22,11 @@ import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
+from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.launcher import reap_stale_servers
 from autotune.study import lost_worker
 from server.config import ServerConfig, default_engine_settings
-
-pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
@@ -48,6 +47,22 @@ def wait_for(condition, timeout_s: float, what: str, logs: list[Path]):
     raise AssertionError(f"timed out waiting for {what}\n{tails}")
 
 
+def completions_answered(port: int) -> float:
+    """`server_requests_total` of /v1/completions on a trial server (no token on trial servers)."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2, trust_env=False).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "server_requests_total" and sample.labels.get("route") == "/v1/completions"
+    )
+
+
+# Each worker starts its own engine per trial (that is the design under test): three starts.
+@pytest.mark.engine(starts=3)
 def test_two_workers_one_killed_mid_trial_study_completes_without_duplicates(
     tmp_path: Path, postgres_url: str
 ) -> None:
@@ -97,7 +112,9 @@ def test_two_workers_one_killed_mid_trial_study_completes_without_duplicates(
             return (running[0], servers[0]) if healthy and running else None
 
         killed, orphan = wait_for(a_is_measuring, 400, "worker A's server to be ready", list(logs.values()))
-        time.sleep(1.0)  # into the warm-up / measured window
+        # Into the warm-up / measured window: A's server has answered a request.
+        wait_for(lambda: completions_answered(orphan["port"]) >= 1, 120,
+                 "worker A's server to answer its first request", list(logs.values()))
         assert psutil.pid_exists(orphan["pid"])
         os.kill(workers["A"].pid, signal.SIGKILL)  # the worker only: its server is left behind
         workers["A"].wait(10)

@@ -160,6 +160,7 @@ def test_default_settings_use_the_embedded_model_on_cpu() -> None:
         assert settings["gpu_memory_utilization"] == 0.3
 
 
+@pytest.mark.slow  # real `python -m server` subprocesses
 def test_cli_reports_a_bad_config_in_one_line_and_exits_2(tmp_path: Path) -> None:
     path = write(tmp_path / "bad.yaml", "model: m\nmax-num-seq: 8\n")
     result = subprocess.run(

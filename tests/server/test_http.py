@@ -6,6 +6,7 @@ All tests share the session's server (see conftest.py); each leaves it idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -39,6 +40,13 @@ def metric_values(server: RunningServer) -> dict[str, float]:
 
 def generated_tokens(server: RunningServer) -> float:
     return metric_values(server)["vllm:generation_tokens_total"]
+
+
+def finished_requests(server: RunningServer) -> float:
+    """vLLM's count of requests that ran to their end (`vllm:request_success_total`, every
+    finished_reason). A request aborted because its client left is not counted: it leaves
+    the engine without finishing."""
+    return metric_values(server)["vllm:request_success_total"]
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:
@@ -206,7 +214,7 @@ def test_metrics_have_kv_cache_usage_and_ttft(server: RunningServer) -> None:
 
 def test_client_disconnect_aborts_the_request_and_frees_the_slot(server: RunningServer) -> None:
     wait_for(lambda: idle(server), 30, "an idle server")
-    tokens_before = generated_tokens(server)
+    tokens_before, finished_before = generated_tokens(server), finished_requests(server)
     payload = {"prompt": [5, 6, 7], "max_tokens": LONG, "ignore_eos": True, "stream": True}
     with httpx.stream(
         "POST", server.url + "/v1/completions", json=payload, headers=server.headers, timeout=60
@@ -215,23 +223,35 @@ def test_client_disconnect_aborts_the_request_and_frees_the_slot(server: Running
         while not next(lines).startswith("data: "):
             pass
         wait_for(
-            lambda: metric_values(server)["vllm:num_requests_running"] == 1, 10, "a running request"
+            lambda: metric_values(server)["vllm:num_requests_running"] == 1, 60, "a running request"
         )
-    # Leaving the block closed the connection long before LONG tokens were generated.
-    wait_for(lambda: idle(server), 10, "vllm:num_requests_running and in-flight back to 0")
-    assert generated_tokens(server) - tokens_before < LONG / 2  # stopped early, not run out
+    # Leaving the block closed the connection: the request left the engine (the slot is
+    # free) without finishing, long before its LONG tokens: it was aborted.
+    wait_for(lambda: idle(server), 60, "vllm:num_requests_running and in-flight back to 0")
+    assert finished_requests(server) == finished_before
+    assert generated_tokens(server) - tokens_before < LONG
 
 
 def test_non_streamed_request_is_aborted_when_the_client_leaves(server: RunningServer) -> None:
     wait_for(lambda: idle(server), 30, "an idle server")
-    tokens_before = generated_tokens(server)
+    tokens_before, finished_before = generated_tokens(server), finished_requests(server)
     payload = {"prompt": [5, 6, 7], "max_tokens": LONG, "ignore_eos": True}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(
-            server.url + "/v1/completions", json=payload, headers=server.headers, timeout=1.5
-        )
-    wait_for(lambda: idle(server), 10, "the abandoned request to be aborted")
-    assert generated_tokens(server) - tokens_before < LONG / 2
+
+    async def leave_while_generating() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers) as client:
+            request = asyncio.create_task(client.post("/v1/completions", json=payload, timeout=None))
+            deadline = time.monotonic() + 60
+            while metric_values(server)["vllm:num_requests_running"] < 1:
+                assert time.monotonic() < deadline and not request.done(), "never running"
+                await asyncio.sleep(0.1)
+            request.cancel()  # the client gives up: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+
+    asyncio.run(leave_while_generating())
+    wait_for(lambda: idle(server), 60, "the abandoned request to be aborted")
+    assert finished_requests(server) == finished_before  # left the engine unfinished
+    assert generated_tokens(server) - tokens_before < LONG
 
 
 def test_admission_limit_answers_503_with_retry_after(server: RunningServer) -> None:
@@ -249,7 +269,7 @@ def test_admission_limit_answers_503_with_retry_after(server: RunningServer) -> 
                 for _ in range(admitted)
             ]
             try:
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + 60
                 while metric_values(server)["server_requests_in_flight"] < admitted:
                     assert time.monotonic() < deadline, "requests were not admitted"
                     await asyncio.sleep(0.1)
@@ -259,11 +279,9 @@ def test_admission_limit_answers_503_with_retry_after(server: RunningServer) -> 
                     holder.cancel()
                 await asyncio.gather(*holders, return_exceptions=True)
 
-    started = time.monotonic()
     refused = asyncio.run(scenario())
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
     assert "waiting" in refused.json()["error"]["message"]
-    assert time.monotonic() - started < 30
-    wait_for(lambda: idle(server), 15, "the cancelled requests to be aborted")
+    wait_for(lambda: idle(server), 60, "the cancelled requests to be aborted")
     assert metric_values(server)["server_requests_rejected_total"] >= 1

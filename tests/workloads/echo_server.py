@@ -17,7 +17,11 @@ Behaviour is chosen per request by a path prefix, so one server serves every tes
         err     after this many tokens, send an error event (as vLLM does) and [DONE]
         tag     name under which requests are counted (default: the whole prefix)
     GET /tag=a/stats -> {"requests", "in_flight", "max_in_flight", "last_body",
-                         "last_authorization", "connections" (server-wide)}
+                         "last_authorization", "timings", "connections" (server-wide)}
+        timings: per request, in arrival order, {"received", "prompt_head", "tokens"}: when
+        the request was read and when each token chunk was about to be written, in seconds of
+        the machine's monotonic clock (time.monotonic() in any process), so that a test can
+        set what its client measured beside what the server did.
 
 Token k (0-based) is sent at request time + ttft + k*itl on absolute deadlines, so the
 end-to-end time is ttft + (n-1)*itl however long each write took. Exactly `max_tokens`
@@ -40,6 +44,7 @@ class TagStats:
     max_in_flight: int = 0
     last_body: dict = field(default_factory=dict)
     last_authorization: str | None = None
+    timings: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -129,11 +134,17 @@ class EchoServer:
         stats.last_body["prompt_len"] = len(request["prompt"])
         stats.last_body["prompt_head"] = request["prompt"][:8]
         stats.last_authorization = headers.get("authorization")
+        timing: dict = {
+            "received": asyncio.get_running_loop().time(),
+            "prompt_head": request["prompt"][:8],
+            "tokens": [],
+        }
+        stats.timings.append(timing)
         try:
             if options.status != 200:
                 await self.respond_json(writer, options.status, {"error": "injected failure"})
             else:
-                await self.stream(writer, options, request)
+                await self.stream(writer, options, request, timing["tokens"])
         finally:
             stats.in_flight -= 1
 
@@ -146,8 +157,10 @@ class EchoServer:
         )
         await writer.drain()
 
-    async def stream(self, writer: asyncio.StreamWriter, options: Options, request: dict) -> None:
-        loop = asyncio.get_running_loop()
+    async def stream(
+        self, writer: asyncio.StreamWriter, options: Options, request: dict, written: list[float]
+    ) -> None:
+        loop = asyncio.get_running_loop()  # its clock is time.monotonic()
         start = loop.time()
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -180,6 +193,7 @@ class EchoServer:
             deadline = start + (options.ttft_ms + sent * options.itl_ms) / 1000.0
             await asyncio.sleep(max(deadline - loop.time(), 0.0))
             ids = list(range(sent, sent + k))
+            written.append(loop.time())  # before the write: no client can see the chunk earlier
             await event(chunk(" t" * k, ids if options.ids else None))
             sent += k
         usage = {

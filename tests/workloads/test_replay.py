@@ -8,12 +8,10 @@ measures TTFT ~ ttft, gaps ~ itl and E2E ~ ttft + (n-1)*itl, plus a little trans
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,37 +21,20 @@ import pytest
 
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
-from workloads.replay import ReplayMode, ReplaySummary, replay, summarize
+from workloads.replay import CLIENT_LAG_WARN_MS, ReplayMode, ReplaySummary, replay, summarize
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
-# Transport + scheduling slack a correct client shows on a loaded 2-core machine (measured
-# 1-4 ms here; the margin covers other test processes). Broken clients miss by a delay.
-SLACK_MS = 25.0
-# A single gap is one server sleep plus one client read: each may be ~1 ms late.
-GAP_SLACK_MS = 8.0
-TIMING_ATTEMPTS = 3
 
-
-def timing_sensitive(test):
-    """Re-run a timing test whose assertions failed, up to TIMING_ATTEMPTS times in all.
-
-    These 2-core machines also run vLLM engines; the OS can stall the client or the server
-    for 100+ ms (measured here under load), which no timing bound survives. A broken
-    client misses by the same margin on every attempt.
-    """
-
-    @functools.wraps(test)
-    def run_attempts(*args, **kwargs):
-        for attempt in range(1, TIMING_ATTEMPTS + 1):
-            try:
-                return test(*args, **kwargs)
-            except AssertionError:
-                if attempt == TIMING_ATTEMPTS:
-                    raise
-
-    return run_attempts
+# No bound here is on how fast this machine is: the echo server records when it read each
+# request and when it wrote each token (tests/workloads/echo_server.py), so what the client
+# measured is set beside what the server did, in the same run. A correct client is never
+# below the server's own figure (it sends before the server reads, reads after the server
+# writes), and its median excess over many observations is transport time, a fraction of a
+# millisecond; a broken client (a wrong start, an empty chunk taken for a token, tokens
+# counted per chunk) is off by a whole server delay in every observation. A stall of the
+# machine moves single observations, not the median.
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +53,21 @@ def echo() -> Iterator[str]:
 
 def stats(url: str, tag: str) -> dict:
     return httpx.get(f"{url}/tag={tag}/stats", trust_env=False).json()
+
+
+def server_view(url: str, tag: str) -> list[dict]:
+    """Per request, in arrival order: its prompt's first tokens and the server's TTFT, token
+    gaps and last token, in ms."""
+    views = []
+    for timing in stats(url, tag)["timings"]:
+        tokens = timing["tokens"]
+        views.append({
+            "prompt_head": timing["prompt_head"],
+            "ttft_ms": (tokens[0] - timing["received"]) * 1e3,
+            "gaps_ms": list(np.diff(tokens) * 1e3),
+            "last_ms": (tokens[-1] - timing["received"]) * 1e3,
+        })
+    return views
 
 
 def trace_of(
@@ -98,47 +94,63 @@ def free_port() -> int:
 # -- what one request measures --------------------------------------------------------------
 
 
-@timing_sensitive
 def test_ttft_itl_and_e2e_match_the_server_delays(echo: str) -> None:
-    ttft, itl, n = 150.0, 30.0, 8
+    ttft, itl, n, requests = 150.0, 30.0, 8, 6
     # empty=1: the server sends an empty chunk at once; it is not a token.
     url = f"{echo}/ttft={ttft:g},itl={itl:g},empty=1,tag=delays"
-    result = run(trace_of(4, spacing_ms=50, output_length=n), url)
-    assert result.summary.completed == 4 and result.summary.failed == 0
+    result = run(trace_of(requests, spacing_ms=50, output_length=n), url)
+    assert result.summary.completed == requests and result.summary.failed == 0
+    # Each request's prompt is its own (PromptFactory): it names the server's record of it.
+    server = {tuple(view["prompt_head"]): view for view in server_view(echo, "delays")}
+    assert len(server) == requests
+    ttft_excess, e2e_excess, gap_error = [], [], []
     for record in result.records:
+        seen = server[tuple(PromptFactory().prompt(record.index, 16)[:8])]
         assert record.error is None and record.status == 200
-        assert ttft <= record.ttft_ms <= ttft + SLACK_MS
-        assert len(record.itl_ms) == n - 1
-        assert all(abs(gap - itl) <= GAP_SLACK_MS for gap in record.itl_ms)
-        # The server keeps absolute deadlines, so the gaps' mean is exact up to two jitters.
-        assert abs(np.mean(record.itl_ms) - itl) <= 1.5
-        assert ttft + (n - 1) * itl <= record.e2e_ms <= ttft + (n - 1) * itl + SLACK_MS
         assert record.output_tokens == n and record.input_tokens == 16
+        assert len(record.itl_ms) == n - 1 and len(seen["gaps_ms"]) == n - 1
+        # Never below what the server did, and the server never below what it was asked.
+        assert record.ttft_ms >= seen["ttft_ms"] >= ttft - 1
+        assert record.e2e_ms >= seen["last_ms"] >= ttft + (n - 1) * itl - 1
+        ttft_excess.append(record.ttft_ms - seen["ttft_ms"])
+        e2e_excess.append(record.e2e_ms - seen["last_ms"])
+        gap_error += [abs(a - b) for a, b in zip(record.itl_ms, seen["gaps_ms"], strict=True)]
+    # A client that took the empty chunk for the first token would be ~ttft short; one that
+    # missed a token gap would be off by ~itl: far beyond half an itl in every observation.
+    assert np.median(ttft_excess) < itl / 2, ttft_excess
+    assert np.median(e2e_excess) < itl / 2, e2e_excess
+    assert np.median(gap_error) < itl / 2, gap_error
     summary = result.summary
-    assert summary.total_output_tokens == 4 * n
-    assert abs(summary.mean_tpot_ms - itl) <= 1.5
-    assert abs(summary.median_itl_ms - itl) <= GAP_SLACK_MS
+    assert summary.total_output_tokens == requests * n
+    assert summary.mean_tpot_ms == pytest.approx(
+        np.mean([(r.e2e_ms - r.ttft_ms) / (n - 1) for r in result.records]), rel=1e-9
+    )
 
 
-@timing_sensitive
 def test_tokens_bundled_in_one_chunk_are_spread_when_the_chunk_says_how_many(echo: str) -> None:
     # Chunks of 3 tokens every 60 ms, each with token_ids: 0,0 for the first chunk's extra
-    # tokens, then 20 ms per token.
+    # tokens, then each later chunk's time since the one before, shared by its 3 tokens.
     url = f"{echo}/ttft=50,itl=20,chunk=3,ids=1,tag=spread"
     record = run(trace_of(1, output_length=9), url).records[0]
     assert record.output_tokens == 9
     assert len(record.itl_ms) == 8
     assert record.itl_ms[:2] == [0.0, 0.0]
-    assert all(abs(gap - 20.0) <= GAP_SLACK_MS / 2 for gap in record.itl_ms[2:])
+    second, third = record.itl_ms[2:5], record.itl_ms[5:8]
+    assert second == pytest.approx([second[0]] * 3) and third == pytest.approx([third[0]] * 3)
+    assert second[0] > 0 and third[0] > 0
+    # The spread gaps add up to the time between the first and the last chunk.
+    assert sum(record.itl_ms) <= record.e2e_ms - record.ttft_ms
 
 
-@timing_sensitive
 def test_unannounced_bundles_count_one_gap_per_chunk_and_tokens_from_usage(echo: str) -> None:
     url = f"{echo}/ttft=50,itl=20,chunk=3,tag=bundled"
     record = run(trace_of(1, output_length=9), url).records[0]
     assert record.output_tokens == 9  # from the usage chunk
-    assert len(record.itl_ms) == 2  # three chunks, 60 ms apart
-    assert all(abs(gap - 60.0) <= GAP_SLACK_MS for gap in record.itl_ms)
+    assert len(record.itl_ms) == 2  # three chunks: one gap between each two
+    [seen] = server_view(echo, "bundled")
+    assert len(seen["gaps_ms"]) == 2
+    assert all(gap > 0 for gap in record.itl_ms)
+    assert sum(record.itl_ms) <= record.e2e_ms - record.ttft_ms
 
 
 def test_request_body_has_exact_prompt_length_and_benchmark_fields(echo: str) -> None:
@@ -177,7 +189,6 @@ def test_an_empty_trace_gives_an_empty_result(echo: str) -> None:
 # -- schedules ------------------------------------------------------------------------------
 
 
-@timing_sensitive
 def test_timed_mode_keeps_the_schedule_at_200_requests_per_second(echo: str) -> None:
     # 10 ms apart in the trace, speedup 2 -> 200 req/s for 3 s; a cheap answer each.
     trace = trace_of(600, spacing_ms=10, output_length=2)
@@ -186,14 +197,17 @@ def test_timed_mode_keeps_the_schedule_at_200_requests_per_second(echo: str) -> 
     assert summary.completed == 600, {r.error for r in result.records}
     expected = np.arange(600) * 0.005
     assert np.allclose([r.scheduled_s for r in result.records], expected)
-    assert min(r.lag_ms for r in result.records) >= 0
-    # Measured here: idle machine p50 0.8, p99 1.3-1.8 ms (asyncio wakes timers on a 1 ms
-    # epoll grid); with two vLLM engines busy on the same 2 cores p50 0.8, p99 2.9-7 ms.
-    # A client that sleeps relative durations drifts by hundreds of ms over 600 requests.
-    assert summary.send_lag_p50_ms < 2.5, summary
-    assert summary.send_lag_p99_ms < 10.0, summary
-    assert not summary.client_lagging
-    assert 2.99 < summary.duration < 3.1
+    lags = [r.lag_ms for r in result.records]
+    assert min(lags) >= 0  # never early
+    assert summary.duration >= expected[-1]
+    # Absolute deadlines: a late send does not make the later ones late. A client that sleeps
+    # relative durations carries every delay forward, so its lag only grows: each of the last
+    # 100 sends would be later than any of the first 100. (The typical lag here is 1 ms: the
+    # slowest of the first 100 is a bound no stall can push all of the last 100 past.)
+    assert min(lags[-100:]) <= max(lags[:100]), (min(lags[-100:]), max(lags[:100]))
+    # The lag figures are those of the records, and the run says when the client lagged.
+    assert summary.send_lag_p50_ms == pytest.approx(float(np.percentile(lags, 50)), abs=1e-6)
+    assert summary.client_lagging == (summary.send_lag_p99_ms > CLIENT_LAG_WARN_MS)
 
 
 def test_duration_cuts_the_trace_on_the_replayed_clock(echo: str) -> None:
@@ -202,29 +216,30 @@ def test_duration_cuts_the_trace_on_the_replayed_clock(echo: str) -> None:
     assert [r.index for r in result.records] == list(range(10))
 
 
-@timing_sensitive
 def test_closed_loop_keeps_exactly_n_in_flight_on_n_connections(echo: str) -> None:
     n = 4
     before = stats(echo, "closed")["connections"]
-    # Answer lengths 1..8 tokens (20..55 ms) so requests end at staggered times; the
-    # timestamps (1 s apart) must be ignored.
+    # Answer lengths 1..8 tokens (100..380 ms) so requests end at staggered times; the
+    # timestamps (1 s apart) must be ignored: the run takes about 2 s, not 39.
     trace = Trace.from_requests(
         TraceRequest(timestamp=i * 1000.0, input_length=16, output_length=1 + i * 5 % 8)
         for i in range(40)
     )
-    result = run(trace, f"{echo}/ttft=20,itl=5,tag=closed", mode=f"concurrency={n}")
+    result = run(trace, f"{echo}/ttft=100,itl=40,tag=closed", mode=f"concurrency={n}")
     assert result.summary.completed == 40
-    assert result.summary.duration < 3.0
+    assert result.summary.duration < trace.timestamps_ms[-1] / 1000
     seen = stats(echo, "closed")
     assert seen["max_in_flight"] == n
     # Keep-alive: one connection per slot (+1: the stats request's own connection).
     assert seen["connections"] - before <= n + 1
-    # Each end (but the last n) is followed at once by the send that refills its slot.
+    # Each end (but the last n) is followed by the send that refills its slot: never before
+    # it (never n + 1 in flight), and at once: a client that refilled only when a whole batch
+    # was done would wait out the batch's longer answers (40-280 ms) for most slots.
     ends = sorted(r.sent_s + r.e2e_ms / 1e3 for r in result.records)
     sends = sorted(r.sent_s for r in result.records)
     refill_ms = (np.array(sends[n:]) - np.array(ends[: 40 - n])) * 1e3
     assert refill_ms.min() >= 0
-    assert refill_ms.max() < 5.0, refill_ms
+    assert np.median(refill_ms) < 0.1 * np.median([r.e2e_ms for r in result.records]), refill_ms
 
 
 def test_mode_text_is_validated() -> None:
@@ -262,20 +277,21 @@ def test_connection_refused_is_recorded(echo: str) -> None:
     assert all(r.status is None and r.error.startswith("connection failed") for r in result.records)
 
 
-@timing_sensitive
 def test_timeout_is_recorded_and_does_not_wait_for_the_server(echo: str) -> None:
-    started = time.monotonic()
-    result = run(trace_of(1), f"{echo}/ttft=5000,tag=slow", timeout_s=0.3)
-    assert time.monotonic() - started < 2.0
+    result = run(trace_of(1), f"{echo}/ttft=60000,tag=slow", timeout_s=0.3)
     assert result.records[0].error.startswith("timeout")
+    assert result.records[0].e2e_ms is None
+    # The server is still holding the request (its first token is a minute away): the
+    # client gave up at its timeout instead of waiting for the answer.
+    assert stats(echo, "slow")["in_flight"] == 1
 
 
 # -- goodput and SLOs -----------------------------------------------------------------------
 
 
-@timing_sensitive
 def test_goodput_counts_only_requests_meeting_every_slo(echo: str) -> None:
-    # Same server delays, two answer lengths: 2 tokens finish in ~20 ms, 20 tokens in ~200 ms.
+    # Same server delays, two answer lengths: 2 tokens finish in ~20 ms, 20 tokens in no less
+    # than 200 ms (the server's deadlines), over the 100 ms end-to-end SLO whatever happens.
     requests = [
         TraceRequest(timestamp=i * 20.0, input_length=8, output_length=2 if i % 3 else 20)
         for i in range(12)
@@ -283,12 +299,26 @@ def test_goodput_counts_only_requests_meeting_every_slo(echo: str) -> None:
     slos = [parse_slo("e2el_p99_ms=100"), parse_slo("tpot_p50_ms=50")]
     result = run(Trace.from_requests(requests), f"{echo}/ttft=10,itl=10,tag=good", slos=slos)
     summary = result.summary
-    short = sum(1 for r in requests if r.output_length == 2)
     assert summary.completed == 12
-    assert summary.request_goodput * summary.duration == pytest.approx(short)
-    assert summary.slo_met == {"e2el_p99_ms=100": False, "tpot_p50_ms=50": True}
-    # The running tally and a summary of the written records agree.
-    assert summarize(result.records, summary.duration, slos) == summary
+    # Good: a request within every SLO's value on its own figures (as `vllm bench serve`).
+    good = [
+        r for r in result.records
+        if r.e2e_ms <= 100 and (r.e2e_ms - r.ttft_ms) / (r.output_tokens - 1) <= 50
+    ]
+    assert summary.request_goodput * summary.duration == pytest.approx(len(good))
+    assert all(r.output_tokens == 2 for r in good)  # no long answer is ever good
+    tpot = [(r.e2e_ms - r.ttft_ms) / (r.output_tokens - 1) for r in result.records]
+    assert summary.slo_met == {
+        "e2el_p99_ms=100": False,
+        "tpot_p50_ms=50": bool(np.percentile(tpot, 50) <= 50),
+    }
+    # The running tally and a summary of the written records agree (up to the order in which
+    # floats were added: the tally adds in completion order, the records are in trace order).
+    again = summarize(result.records, summary.duration, slos).model_dump()
+    assert again == {
+        name: pytest.approx(value, rel=1e-12) if isinstance(value, float) else value
+        for name, value in summary.model_dump().items()
+    }
     assert run(Trace.from_requests(requests), f"{echo}/tag=good2").summary.request_goodput is None
 
 
@@ -300,39 +330,39 @@ def test_failed_requests_are_never_good(echo: str) -> None:
 # -- progress and pruning -------------------------------------------------------------------
 
 
-@timing_sensitive
 def test_on_progress_returning_true_stops_sending_and_cancels_in_flight(echo: str) -> None:
     calls: list[tuple[float, ReplaySummary]] = []
 
     def on_progress(elapsed_s: float, summary: ReplaySummary) -> bool:
         calls.append((elapsed_s, summary))
-        return elapsed_s >= 2.0
+        return len(calls) == 2  # stop when asked the second time
 
     # 20 req/s for 10 s, each answer takes ~500 ms: ~10 in flight at any time.
     trace = trace_of(200, spacing_ms=50, output_length=10)
-    started = time.monotonic()
     result = run(trace, f"{echo}/ttft=50,itl=50,tag=prune", on_progress=on_progress)
-    took = time.monotonic() - started
-    assert took < 3.5
     elapsed = [c[0] for c in calls]
-    assert len(calls) == 2 and elapsed[0] == pytest.approx(1.0, abs=0.2)
-    assert elapsed[1] == pytest.approx(2.0, abs=0.2)
-    assert calls[0][1].completed < calls[1][1].completed
+    assert len(calls) == 2  # never asked again after it said stop
+    # About once a second: at each whole second of the replay's clock, not before it.
+    assert elapsed[0] >= 0.99 and elapsed[1] >= max(1.99, elapsed[0])
+    assert calls[0][1].completed <= calls[1][1].completed
     summary = result.summary
     assert summary.stopped_early and summary.cancelled > 0
     assert summary.completed + summary.failed + summary.cancelled == len(result.records)
     assert summary.failed == 0
-    assert max(r.scheduled_s for r in result.records) <= elapsed[-1] + 0.1
+    # Sending stopped: the requests sent are the schedule's first ones, far from all of it.
+    assert sorted(r.index for r in result.records) == list(range(len(result.records)))
+    assert len(result.records) < len(trace) / 2
     assert all(r.cancelled == (r.error is not None) for r in result.records)
 
 
-@timing_sensitive
 def test_on_progress_returning_false_changes_nothing(echo: str) -> None:
     calls: list[float] = []
     trace = trace_of(30, spacing_ms=50, output_length=2)
     result = run(trace, f"{echo}/tag=watch", on_progress=lambda t, s: calls.append(t))
     assert result.summary.completed == 30 and not result.summary.stopped_early
-    assert len(calls) == 1  # a 1.5 s run reports once, at 1 s
+    # The schedule lasts 1.45 s: asked at least at 1 s, once per whole second of the run.
+    assert calls and all(t >= k + 0.99 for k, t in enumerate(calls)), calls
+    assert len(calls) <= result.summary.duration
 
 
 # -- summaries --------------------------------------------------------------------------------
