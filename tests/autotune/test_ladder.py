@@ -146,6 +146,7 @@ def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: li
     )
 
 
+@pytest.mark.slow
 def test_a_server_with_more_slots_has_the_higher_capacity_each_in_one_launch(tmp_path: Path) -> None:
     """Side by side, same window and SLO: 1 slot vs 6 slots of the same per-request speed.
     The 6-slot server must carry more; each ladder is one server process."""
@@ -172,6 +173,7 @@ def test_a_server_with_more_slots_has_the_higher_capacity_each_in_one_launch(tmp
                 assert step.abandoned or "ttft" in step.reason
 
 
+@pytest.mark.slow
 def test_a_step_far_over_capacity_is_abandoned_before_it_ends(tmp_path: Path) -> None:
     slos = [parse_slo("ttft_p95_ms=100")]
     # Starts at 40x the recorded 10 req/s on a 1-slot server that carries ~15: certain to fail.
@@ -187,6 +189,7 @@ def test_a_step_far_over_capacity_is_abandoned_before_it_ends(tmp_path: Path) ->
     assert outcome.capacity.capacity_rps == 0.0
 
 
+@pytest.mark.slow
 def test_a_step_that_kills_the_server_ends_the_ladder_keeping_what_was_measured(tmp_path: Path) -> None:
     """Overload that crashes the engine (e.g. OOM at high load): the trial is a classified
     crash, the steps measured before it stay in the outcome and ladder.json, and no server
