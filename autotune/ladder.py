@@ -180,6 +180,18 @@ def step_trace(window: Trace, speedup: float, settings: LadderSettings) -> Trace
     return picked.replace(timestamps_ms=stamps[:need], source=f"{window.source} x{speedup:.3g}")
 
 
+# A step passes only if the client really offered at least this share of its rate.
+MIN_SENT_SHARE = 0.9
+
+
+def sent_rate(result: ReplayResult) -> float:
+    """Requests per second the client actually sent (by the send times it recorded)."""
+    sent = sorted(r.sent_s for r in result.records)
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return float("inf")
+    return (len(sent) - 1) / (sent[-1] - sent[0])
+
+
 def recorded_rate(window: Trace) -> float:
     """The window's own request rate (req/s), the 1x of the ladder."""
     return offered_rate(window.rebased()) if len(window) > 1 else 0.0
@@ -335,6 +347,14 @@ class LoadLadder:
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None
         passed, reason = self._verdict(summary, measured, planned, early)
+        sent_rps = sent_rate(result)
+        nominal = offered_rate(trace)
+        if passed and sent_rps < MIN_SENT_SHARE * nominal:
+            # The client could not keep the schedule (a starved CPU): the server was offered
+            # less than the step claims, so the step proves nothing about this rate.
+            passed = False
+            reason = (f"not scored: the client sent {sent_rps:.3g} of the {nominal:.3g} req/s "
+                      f"asked (send-lag p99 {summary.send_lag_p99_ms or 0:.0f} ms)")
         drain_s = await self._drain(index)
         step = LadderStep(
             index=index,

@@ -363,9 +363,14 @@ class TrialRunner:
                 trial.capacity = ladder.result(window, stopped_by=failed.kind)
                 raise
             except httpx.HTTPError as error:
-                self._check_alive(server, "during the ladder")
-                trial.capacity = ladder.result(window, stopped_by="crash")
-                raise _Failed("crash", f"GET /metrics during the ladder failed: {error!r}") from None
+                # /metrics stopped answering: a dead server (classified by its exit), else a hang.
+                failure = _Failed("crash", f"GET /metrics during the ladder failed: {error!r}")
+                try:
+                    self._check_alive(server, "during the ladder")
+                except _Failed as died:
+                    failure = died
+                trial.capacity = ladder.result(window, stopped_by=failure.kind)
+                raise failure from None
             finally:
                 trial.measure_s = time.monotonic() - started
                 self._keep_ladder_records(trial, ladder)
