@@ -535,7 +535,9 @@ class TuningStudy:
     def _enqueue_baseline(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         measured = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-        if any(is_baseline(t) and t.state in measured for t in trials):
+        # A baseline whose trial failed (crash, errors) is measured again: nothing is judged
+        # without it (autotune.outcome).
+        if any(is_baseline(t) and t.state in measured and not t.user_attrs.get("failure") for t in trials):
             return
         known = {**self.effective_defaults, **self._explicit(self.baseline)}
         fixed = self.space.fixed_params(known)
