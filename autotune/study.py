@@ -49,6 +49,7 @@ from autotune.objective import (
     invalid_config_evaluation,
 )
 from autotune.progress import format_duration, progress_line
+from autotune.signals import stop_reason
 from autotune.space import POW2_PREFIX, SearchSpace
 from server.config import ServerConfig
 from workloads.slo import SLO
@@ -618,8 +619,8 @@ class TuningStudy:
                 trial_dir,
                 should_prune=None if baseline else self._prune_callback(trial),
             )
-        except KeyboardInterrupt:
-            closed = self._close_failed(study, trial, "Ctrl-C during the trial; its server was stopped")
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
+            closed = self._close_failed(study, trial, f"{stop_reason(stop)} during the trial; its server was stopped")
             if closed and self.on_interrupted is not None:
                 self.on_interrupted(study, study._storage.get_trial(trial._trial_id))
                 self.say(f"{label}: interrupted; queued again for another worker")
