@@ -174,8 +174,8 @@ def plan_study(
     needs = preflight.requirements(slos, objective)
     effective: dict[str, Any] | None = None
     if fit is None:
-        context = baseline.engine.get("max_model_len")
-        context_source = f"max_model_len={context} from {context_origin(args)}"
+        context = baseline.engine.get("max_model_len")  # here only a --baseline file sets it
+        context_source = f"max_model_len={context} from {args.baseline}"
         if context is None:  # the model's own: what vLLM derives from its config
             effective = resolve_defaults(baseline)
             context = effective.get("max_model_len")
@@ -269,15 +269,6 @@ def explicit_context(args: argparse.Namespace) -> tuple[int, str, int | None] | 
         return (DEFAULT_MAX_MODEL_LEN, f"max_model_len={DEFAULT_MAX_MODEL_LEN} from the embedded "
                 f"model's settings", model_position_limit(model))
     return None
-
-
-def context_origin(args: argparse.Namespace) -> str:
-    """Where an explicit max_model_len came from, for messages."""
-    if args.max_model_len is not None:
-        return "--max-model-len"
-    if args.baseline is not None:
-        return str(args.baseline)
-    return "the embedded model's settings"
 
 
 def plan_defaults(plan: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from autotune.cli import main
 from autotune.distributed import load_shared
 from autotune.preflight import MIN_TAIL_REQUESTS, min_samples
+from server.config import ServerConfig, default_engine_settings
 from workloads.trace import Trace, TraceRequest, load_trace, write_trace
 
 LONGEST_PROMPT = 191_000  # the conversation_trace fixture's longest prompt (conftest.py)
@@ -210,3 +211,14 @@ def test_the_stored_plan_records_what_the_pre_flight_changed(tmp_path: Path, cap
 
     [line] = [line for line in preflight_lines(workload) if "capped" in line]
     assert "(--over-context cap)" in line and json.dumps(workload["preflight"])  # JSON-able
+
+
+def test_the_context_comes_from_the_flag_or_the_baseline_file(tmp_path: Path, capsys) -> None:
+    trace = load_trace(SAMPLE)
+    over = int((trace.input_lengths + trace.output_lengths > 512).sum())
+    err = refused(capsys, tmp_path / "out", "--workload", SAMPLE, "--max-model-len", "512")
+    assert f"{over:,} of 2,709 requests" in err and "(max_model_len=512 from --max-model-len)" in err
+    baseline = tmp_path / "deployed.yaml"
+    ServerConfig(engine={**default_engine_settings(), "max_model_len": 512}).write(baseline)
+    err = refused(capsys, tmp_path / "out", "--workload", SAMPLE, "--baseline", baseline)
+    assert f"(max_model_len=512 from {baseline})" in err and "--max-model-len 617" in err
