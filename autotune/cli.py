@@ -6,11 +6,20 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from autotune.errors import AutotuneError
+from autotune.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CODES_HELP,
+    EXIT_NOTHING_MEASURED,
+    AutotuneError,
+    HelpFormatter,
+    NothingMeasured,
+)
+from autotune.signals import exit_code, stop_reason, stop_signals_as_interrupt
 from server.config import ConfigError
 from workloads.errors import WorkloadError
 
 USER_ERRORS = (AutotuneError, WorkloadError, ConfigError)
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune",
         description="Find the best vLLM serving config for your real traffic.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     registrars: list[Callable[[argparse._SubParsersAction], None]] = [
@@ -40,13 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with stop_signals_as_interrupt():
+            return int(args.func(args) or 0)
     except USER_ERRORS as error:
         print(f"autotune: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_BAD_INPUT
+    except NothingMeasured as error:
+        print(f"autotune: nothing could be measured: {error}", file=sys.stderr)
+        return EXIT_NOTHING_MEASURED
+    except KeyboardInterrupt as error:
+        print(f"autotune: interrupted ({stop_reason(error)})", file=sys.stderr)
+        return exit_code(error)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from autotune.errors import AutotuneError
 from autotune.ladder import LadderSettings
 from autotune.launcher import StaleServerRegistry, reap_stale_servers
+from autotune.outcome import stop_if_baseline_failed
 from autotune.run_cli import build_tuning, finish, redact, redact_argv
 from autotune.study import (
     StudyOptions,
@@ -499,10 +500,16 @@ def run_worker(
             effective=shared.effective_defaults,
             trial_attrs=identity.attrs(),
             on_interrupted=retry_callback(max_retry),
-            between_trials=roster.reap_departed,
             say=say,
             sleep=sleep,
         )
+
+        def between_trials() -> None:
+            roster.reap_departed()
+            # Once the baseline's trial has failed no trial can be judged: every worker stops.
+            stop_if_baseline_failed(tuning.study)
+
+        tuning.between_trials = between_trials
         previous = len(storage.get_all_trials(storage.get_study_id_from_name(study_name), deepcopy=False))
         study = tuning.attach(storage, seed=worker_seed(shared.seed, identity, previous))
         say(f"worker {identity.label} joined study {study_name} in {redact(url)}; trials go to "

@@ -1,5 +1,53 @@
-"""Errors a user can cause with tuner options; the CLI turns them into exit code 2."""
+"""Errors a user can cause with tuner options, and the exit codes scripts may rely on.
+
+Exit codes of `autotune run`, `retune`, `worker` and `finalize` (stable; `retune` adds its
+own outcome codes 3, 10 and 11, see autotune.retune):
+
+    0    done: best.yaml written (a better config was validated, or the baseline was kept
+         and its measured standing reported)
+    1    an unexpected failure (a bug; the traceback says where)
+    2    bad input, refused before any server started (AutotuneError and friends)
+    12   nothing could be measured: the baseline failed (request errors over the limit, a
+         crash, an engine that would not start); no best.yaml was written
+    130  stopped by Ctrl-C (SIGINT); 143 by SIGTERM; 129 by SIGHUP (128 + the signal number):
+         the running trial's server was stopped and the trial closed; `--resume` continues
+"""
+
+import argparse
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOTHING_MEASURED = 12
+
+# The epilog of `autotune --help` and of `autotune run|retune|worker|finalize --help`.
+EXIT_CODES_HELP = """\
+exit status:
+  0    done (run, finalize: best.yaml written: a better config was validated, or the
+       baseline was kept with its measured standing in report.md)
+  1    unexpected failure (a bug: the traceback says where)
+  2    bad input, refused before any server started (one line: the figure and the fix)
+  12   nothing could be measured: the baseline failed (request errors over the limit, a
+       crash, no engine start); no best.yaml was written, report.md says why
+  130  stopped by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP: the trial's server was stopped
+       and the trial closed; --resume continues the study
+  retune also: 0 no drift (nothing started), 3 drift found (--dry-run), 10 a new config
+       was written, 11 drift but the deployed config stays"""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's own, except that the exit-status epilog keeps its layout."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit status:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 class AutotuneError(Exception):
     """A one-line, actionable message about bad tuner input or state."""
+
+
+class NothingMeasured(Exception):
+    """The baseline could not be measured, so no figure of the study can be trusted and
+    nothing is exported. The message is one line: what failed and what to look at."""

@@ -96,6 +96,7 @@ def build_provenance(
     validation: list[dict[str, Any]],
     search: dict[str, Any],
     now: dt.datetime | None = None,
+    baseline_standing: str | None = None,
 ) -> dict[str, Any]:
     """Everything needed to judge and reproduce the result, JSON-able."""
     return {
@@ -113,6 +114,7 @@ def build_provenance(
             "baseline_noise": decision.noise,
             "baseline_median": decision.baseline_median,
             "candidate_median": decision.candidate_median,
+            "baseline_standing": baseline_standing,
         },
         "objective": objective.spec(),
         "objective_unit": objective.unit,
@@ -132,6 +134,8 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
     decision = provenance["decision"]
     if decision["kept_baseline"]:
         verdict = f"KEPT THE BASELINE (no config beat it beyond the noise): {decision['reason']}"
+        if decision.get("baseline_standing"):
+            verdict += f"\nbaseline measured: {decision['baseline_standing']}"
     else:
         verdict = f"emitted {decision['emitted']}: {decision['reason']}"
     hw = provenance["hardware"]
@@ -144,10 +148,34 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
             f"objective {provenance['objective']} under SLOs {', '.join(provenance['slos']) or 'none'}",
             f"model {provenance['model']}  vLLM {provenance['vllm_version']}  on {device}",
             f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
+            *preflight_lines(workload),
             f"use: python -m server --config {path_hint}   or   vllm serve --config {path_hint}",
             "full provenance: additional-config.vllm_autotune.provenance below",
         ]
     )
+
+
+def preflight_lines(workload: dict[str, Any]) -> list[str]:
+    """What the pre-flight checks changed in the traffic (dropped or capped requests,
+    lengthened windows), one line each; none when nothing changed."""
+    checks = workload.get("preflight") or {}
+    lines = []
+    context = checks.get("context") or {}
+    if context.get("dropped") or context.get("capped"):
+        done = (f"{context['dropped']:,} dropped" if context.get("dropped")
+                else f"{context['capped']:,} capped (prompts cut to fit)")
+        lines.append(
+            f"{context['over']:,} of {context['requests']:,} requests exceed the model's context of "
+            f"{context['context_tokens']:,} tokens: {done} (--over-context {context['policy']})"
+        )
+    windows = checks.get("windows") or {}
+    if windows and list(windows.get("used_s", [])) != list(windows.get("asked_s", [])):
+        asked, used = windows["asked_s"], windows["used_s"]
+        lines.append(
+            f"windows lengthened for the SLO percentiles: tuning {asked[0]:g} -> {used[0]:g} s, "
+            f"held-out {asked[1]:g} -> {used[1]:g} s ({windows.get('rule', '')})"
+        )
+    return lines
 
 
 def export_best(path: Path, config: ServerConfig, provenance: dict[str, Any]) -> ServerConfig:

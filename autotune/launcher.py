@@ -25,6 +25,8 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
+from server.lifeline import PARENT_PID_ENV
+
 StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config"]
 
 # What vLLM, torch and the OS write when memory (GPU, CPU or KV cache) runs out.
@@ -446,7 +448,9 @@ class ServerLauncher:
     """Starts `python -m server --config FILE --port P --benchmark-mode` and waits for it.
 
     `command` replaces `[python, "-m", "server"]` (tests use a fake server script); the
-    `--config/--port` arguments and `extra_args` are always appended.
+    `--config/--port` arguments and `extra_args` are always appended. Every server is told
+    this process's pid (`AUTOTUNE_PARENT_PID`), so that ours stops by itself, engine included,
+    should this process die without stopping it (SIGKILL): see server.lifeline.
     """
 
     def __init__(
@@ -499,6 +503,8 @@ class ServerLauncher:
         """Start the process (own session and group) without waiting for readiness."""
         argv = [*self.command, "--config", str(config_path), "--port", str(port), *self.extra_args]
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        env[PARENT_PID_ENV] = str(os.getpid())
         memory_before = _memory_available()
         with open(log_path, "ab") as log:
             stamp = dt.datetime.now().isoformat(timespec="seconds")
@@ -511,7 +517,7 @@ class ServerLauncher:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=self.env,
+                env=env,
             )
         server = ServerProcess(
             popen,

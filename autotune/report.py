@@ -13,13 +13,14 @@ import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
+from autotune.export import preflight_lines
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
 from autotune.ladder import CapacityResult
 from autotune.objective import Objective
@@ -28,6 +29,11 @@ from autotune.study import atomic_write_text, is_baseline, lost_worker, trial_la
 from workloads.slo import SLO
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
+VERDICT_HEADLINES = {
+    "validated": "A better config was validated",
+    "kept": "The baseline was kept",
+    "nothing": "Nothing could be measured",
+}
 
 
 class ReportInputs(BaseModel):
@@ -47,6 +53,10 @@ class ReportInputs(BaseModel):
     gate_wall_s: float
     gate_server_s: float
     workload_profile: str = ""
+    # "validated": a better config won the gate; "kept": the baseline stays (measured);
+    # "nothing": the baseline could not be measured, nothing was exported.
+    verdict: Literal["validated", "kept", "nothing"] | None = None
+    baseline_standing: str = ""  # the baseline's measured figures, one line
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -132,15 +142,28 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     decision = inputs.decision
     provenance = inputs.provenance
     plots = write_plots(output_dir, inputs)
-    lines: list[str] = [f"# vllm-autotune report: {provenance['study']['name']}", ""]
+    verdict = inputs.verdict or ("kept" if decision.keep_baseline else "validated")
+    # The first line says which of the three outcomes this is; scripts and people read it first.
+    lines: list[str] = [f"# {VERDICT_HEADLINES[verdict]}: vllm-autotune study {provenance['study']['name']}", ""]
+    # Then, for the capacity objective, how much of the user's traffic the result carries.
     capacity = provenance.get("capacity")
-    if capacity:
+    if capacity and verdict != "nothing":
         lines += [capacity_line(capacity, decision.keep_baseline), ""]
-
-    if decision.keep_baseline:
+    if verdict == "nothing":
+        lines += [
+            "**RESULT: NOTHING COULD BE MEASURED.** The baseline, which every figure of the study "
+            "is compared against, failed, so no config can be judged and none was exported "
+            f"(no `{inputs.best_yaml.name}`).",
+            "",
+            f"Why: {decision.reason}. Its trial folder (below) holds `server.log` and "
+            "`requests.jsonl`.",
+        ]
+    elif decision.keep_baseline:
         lines += [
             "**RESULT: THE BASELINE WAS KEPT.** No searched config beat it beyond the measured "
             f"noise and every SLO in every repeat. `{inputs.best_yaml.name}` holds the baseline.",
+            "",
+            f"Baseline measured: {inputs.baseline_standing or 'see the tables below'}.",
             "",
             f"Why: {decision.reason}.",
         ]
@@ -154,10 +177,13 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     overrides = provenance["decision"]["overrides"]
     if overrides:
         lines += ["", "Changed engine arguments: " + ", ".join(f"`{k}={v}`" for k, v in overrides.items())]
+    if verdict != "nothing":
+        lines += [
+            "",
+            f"Deploy: `python -m server --config {inputs.best_yaml.name}` or "
+            f"`vllm serve --config {inputs.best_yaml.name}`.",
+        ]
     lines += [
-        "",
-        f"Deploy: `python -m server --config {inputs.best_yaml.name}` or "
-        f"`vllm serve --config {inputs.best_yaml.name}`.",
         "",
         f"Command: `{provenance['command_line']}`  ",
         f"Date: {provenance['date']}; vLLM {provenance['vllm_version']}; model `{provenance['model']}`; "
@@ -177,6 +203,10 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         f"{_window(provenance['workload'].get('holdout_window'))}; replay mode "
         f"`{provenance['workload'].get('mode')}`, speedup {provenance['workload'].get('speedup')}.",
     ]
+    adjusted = preflight_lines(provenance["workload"])
+    if adjusted:
+        lines += ["", "Pre-flight changes to the traffic (before any engine started):", ""]
+        lines += [f"- {line}" for line in adjusted]
     if inputs.workload_profile:
         lines += ["", "```", inputs.workload_profile.rstrip(), "```"]
 

@@ -15,7 +15,9 @@
 
 Exit status, for a scheduler: 0 no drift (nothing done), 10 a new config was written (restart
 the servers), 11 drift but the deployed config stays (no winner), 3 drift found in --dry-run,
-2 bad input, 1 failure.
+2 bad input (refused before any server started), 12 the deployed config could not be measured
+on the current traffic (nothing written beside the study's report), 1 failure, 143 / 129 / 130
+stopped by SIGTERM / SIGHUP / Ctrl-C (the trial's server stopped; nothing published).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.run_cli import (
     DEFAULT_HOLDOUT_S,
     DEFAULT_REPEATS,
@@ -60,8 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "if it drifted (or with --force), run a study warm-started from the deployed config "
             "and write best-v{N}.yaml + best.yaml only if a config beats the deployed one. "
             "Exit status: 0 no drift, 10 new config written, 11 drift but the deployed config "
-            "stays, 3 drift found (--dry-run), 2 bad input, 1 failure."
+            "stays, 3 drift found (--dry-run), 2 bad input, 12 the deployed config could not be "
+            "measured (nothing published), 1 failure."
         ),
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
     )
     add = parser.add_argument
     add(
@@ -173,6 +178,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replay mode (default: %(default)s)",
     )
     add("--speedup", type=float, default=1.0, help="replay speed-up (default: %(default)s)")
+    add(
+        "--over-context",
+        choices=("refuse", "drop", "cap"),
+        default="refuse",
+        help="requests longer than the model's context: refuse (default), drop or cap them "
+        "(counted in the report and the new config's provenance)",
+    )
     add(
         "--startup-timeout",
         type=float,
@@ -462,7 +474,7 @@ def prepare(
     """`autotune run`'s plan for the current traffic with the deployed config as baseline,
     and the warm-start trials. Writes the trace and the baseline into `work_dir`."""
     from autotune.progress import parse_duration
-    from autotune.run_cli import plan_study, resolve_defaults
+    from autotune.run_cli import plan_defaults, plan_study
     from workloads.trace import write_trace
 
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -494,6 +506,7 @@ def prepare(
         tuning_window=args.tuning_window,
         holdout_window=args.holdout_window,
         speedup=args.speedup,
+        over_context=args.over_context,
         top_k=args.top_k,
         repeats=args.repeats,
         mode=args.mode,
@@ -501,7 +514,7 @@ def prepare(
     )
     budget = parse_duration(args.time_budget) if args.time_budget else None
     plan = plan_study(run_args, study_name=study_name, output_dir=work_dir, time_budget_s=budget)
-    plan["effective_defaults"] = resolve_defaults(plan["baseline"])
+    plan_defaults(plan)
     limit = min(args.warm_start, max(0, args.trials - 1))
     warm = warm_start_trials(deployed, plan["space"], plan["effective_defaults"], limit)
     return plan, warm

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter, NothingMeasured
+from autotune.preflight import OVER_CONTEXT_CHOICES
 from autotune.progress import format_duration, parse_duration
 
 # 6 trials (baseline included) on a 30 s window, then the gate the product promises: the top 3
@@ -29,8 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Search engine settings on a window of your trace, re-check the best few and the "
             "baseline on a held-out window, and write RESULTS/best.yaml (a `vllm serve --config` "
             "file) and RESULTS/report.md. The baseline is kept unless a config beats it beyond "
-            "the measured noise while meeting every SLO in every repeat."
+            "the measured noise while meeting every SLO in every repeat. Before any engine "
+            "starts, the trace is checked against the model's context and the windows against "
+            "the SLO percentiles (see --over-context); a baseline that cannot be measured stops "
+            "the run (exit 12) and nothing is exported."
         ),
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
     )
     add = parser.add_argument
     add("--workload", required=True, metavar="TRACE.jsonl", help="the traffic trace to tune on")
@@ -54,6 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="vLLM load format, e.g. dummy for random weights of the real shape "
              "(default: vLLM's auto; dummy for the embedded model)")
     add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len (default: the model's; 2048 for the embedded model)")
+    add("--over-context", choices=OVER_CONTEXT_CHOICES, default="refuse",
+        help="requests whose input + output exceed the model's context: refuse the run (default), "
+             "drop them from the trace, or cap them (prompts cut to fit); dropped or capped "
+             "requests are counted in the log, report.md and best.yaml")
     add("--baseline", type=Path, default=None, metavar="FILE.yaml",
         help="the config you run today (a server/vllm serve config); default: vLLM's defaults")
     add("--compare", type=Path, action="append", default=None, metavar="FILE.yaml",
@@ -76,9 +86,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "of the passing one (default: %(default)s)")
     add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
-        help="seconds of trace replayed per search trial (default: %(default)s)")
+        help="seconds of trace replayed per search trial; lengthened when too few requests for "
+             "the SLO percentiles (p95: 200, p99: 1,000) (default: %(default)s)")
     add("--holdout-window", type=float, default=DEFAULT_HOLDOUT_S, metavar="S",
-        help="seconds of (disjoint) trace replayed per validation run (default: %(default)s)")
+        help="seconds of (disjoint) trace replayed per validation run; lengthened likewise "
+             "(default: %(default)s)")
     add("--speedup", type=float, default=1.0,
         help="replay arrivals this many times faster than recorded (timed mode) (default: %(default)s)")
     add("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
@@ -120,7 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         create_shared_study(
             plan,
-            effective_defaults=resolve_defaults(plan["baseline"]),
+            effective_defaults=plan_defaults(plan),
             startup_timeout_s=args.startup_timeout,
             command_line=argv,
             say=_say,
@@ -141,7 +153,12 @@ def run_command(args: argparse.Namespace) -> int:
 def plan_study(
     args: argparse.Namespace, *, study_name: str, output_dir: Path, time_budget_s: float | None
 ) -> dict[str, Any]:
-    """Everything checked and prepared before the first trial (no server started)."""
+    """Everything checked and prepared before the first trial (no server started).
+
+    The pre-flight checks (autotune.preflight) come first and write nothing: a trace the
+    model cannot serve, or windows too short for the SLO percentiles, cost seconds.
+    """
+    from autotune import preflight
     from autotune.objective import default_slos, parse_objective
     from autotune.space import SearchSpace, engine_argument_names
     from autotune.study import StudyOptions, check_writable
@@ -149,25 +166,61 @@ def plan_study(
     from workloads.profile import format_profile, profile_trace
     from workloads.slo import parse_slos
     from workloads.trace import load_trace
-    from workloads.windows import select_windows
 
-    check_writable(output_dir)  # first: an unwritable folder must not cost a trial
+    slos = parse_slos(args.slo) if args.slo else None
+    trace = load_trace(args.workload)
+    # The context first, where it is known without importing vLLM (the embedded model, or
+    # --max-model-len): a trace the model cannot serve is refused in about a second.
+    early = explicit_context(args)
+    served, fit = trace, None
+    if early is not None:
+        served, fit = preflight.fit_context(trace, early[0], source=early[1],
+                                            policy=args.over_context, model_limit=early[2])
+    baseline, baseline_source = load_baseline(args)
     accelerator = detect_accelerator()
-    slos = parse_slos(args.slo) if args.slo else default_slos(accelerator)
+    slos = slos or default_slos(accelerator)
     objective = parse_objective(args.objective, slos)
+    needs = preflight.requirements(slos, objective)
+    effective: dict[str, Any] | None = None
+    if fit is None:
+        context = baseline.engine.get("max_model_len")  # here only a --baseline file sets it
+        context_source = f"max_model_len={context} from {args.baseline}"
+        if context is None:  # the model's own: what vLLM derives from its config
+            effective = resolve_defaults(baseline)
+            context = effective.get("max_model_len")
+            context_source = f"max_model_len={context}, vLLM's default for this model"
+        if context is not None:
+            served, fit = preflight.fit_context(
+                trace,
+                int(context),
+                source=context_source,
+                policy=args.over_context,
+                model_limit=preflight.model_position_limit(baseline.engine.get("model")),
+            )
+        else:
+            _say("autotune: note: the model's context length is unknown here; requests are not "
+                 "checked against it")
+    label = trace.source
+    if fit is not None and fit.dropped:
+        label += f" ({len(served):,} of {len(trace):,} requests left by --over-context drop)"
+    tuning, holdout, windows, window_fit = preflight.fit_windows(
+        served, args.tuning_window, args.holdout_window, needs, label=label
+    )
+    for line in (fit.describe() if fit else "", window_fit.describe()):
+        if line:
+            _say(f"pre-flight: {line}")
+
+    check_writable(output_dir)  # before any trial: an unwritable folder must not cost one
     known = engine_argument_names()
     if args.space is not None:
         space = SearchSpace.load(args.space, accelerator, known_names=known)
     else:
         space = SearchSpace.default(accelerator)
         space.check_names(known)
-    baseline, baseline_source = load_baseline(args)
     comparisons = {
         f"compare-{path.stem}": apply_model_flags(ServerConfig.load(path), args)
         for path in (args.compare or [])
     }
-    trace = load_trace(args.workload)
-    tuning, holdout, windows = select_windows(trace, args.tuning_window, args.holdout_window)
     profile = profile_trace(trace)
     ladder = None
     if objective.uses_ladder:
@@ -202,8 +255,12 @@ def plan_study(
         "holdout_window": windows.holdout.model_dump(mode="json"),
         "mode": args.mode,
         "speedup": args.speedup,
+        "preflight": {
+            "context": fit.model_dump(mode="json") if fit else None,
+            "windows": window_fit.model_dump(mode="json"),
+        },
     }
-    return {
+    plan = {
         "options": options,
         "accelerator": accelerator,
         "slos": slos,
@@ -218,6 +275,31 @@ def plan_study(
         "profile_text": format_profile(profile),
         "ladder": ladder,
     }
+    if effective is not None:
+        plan["effective_defaults"] = effective
+    return plan
+
+
+def explicit_context(args: argparse.Namespace) -> tuple[int, str, int | None] | None:
+    """(max_model_len, where it came from, the model's own limit) when known from the flags
+    alone: --max-model-len, or the embedded model (no --model, no --baseline); else None."""
+    from autotune.preflight import model_position_limit
+    from server.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_DIR
+
+    model = args.model if args.model is not None else str(DEFAULT_MODEL_DIR)
+    if args.max_model_len is not None:
+        return args.max_model_len, f"max_model_len={args.max_model_len} from --max-model-len", model_position_limit(model)
+    if args.model is None and args.baseline is None:
+        return (DEFAULT_MAX_MODEL_LEN, f"max_model_len={DEFAULT_MAX_MODEL_LEN} from the embedded "
+                f"model's settings", model_position_limit(model))
+    return None
+
+
+def plan_defaults(plan: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's resolved defaults for the plan's baseline (resolved once, kept in the plan)."""
+    if "effective_defaults" not in plan:
+        plan["effective_defaults"] = resolve_defaults(plan["baseline"])
+    return plan["effective_defaults"]
 
 
 def detect_accelerator() -> str:
@@ -310,9 +392,11 @@ def build_tuning(plan: dict[str, Any], *, runner: Any, effective: dict[str, Any]
 def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) -> int:
     import socket
 
+    from autotune.outcome import stop_if_baseline_failed
+
     options = plan["options"]
     say = _say
-    effective = resolve_defaults(plan["baseline"])
+    effective = plan_defaults(plan)
     tuning = build_tuning(
         plan,
         runner=runner,
@@ -321,13 +405,18 @@ def execute(plan: dict[str, Any], *, runner: Any, reap: Any, argv: list[str]) ->
         reap=reap,
         trial_attrs={"host": socket.gethostname()},
     )
+    # Without a measured baseline nothing the search finds can be judged: stop at once.
+    tuning.between_trials = lambda: stop_if_baseline_failed(tuning.study)
     study = tuning.open()
     say(
         f"study {options.study_name} in {redact(options.storage_url)}: objective "
         f"{plan['objective'].spec()}, SLOs {', '.join(s.spec() for s in plan['slos'])}; searching "
         + ", ".join(f"{k} ({v})" for k, v in plan["space"].describe().items())
     )
-    study = tuning.run_search()
+    try:
+        study = tuning.run_search()
+    except NothingMeasured:
+        return finish(plan, tuning, study, effective=effective, argv=argv)  # reports, raises
     say(f"search done in {format_duration(tuning.search_wall_s)}; validating on the held-out window")
     return finish(plan, tuning, study, effective=effective, argv=argv)
 
@@ -363,18 +452,35 @@ def finish(
     argv: list[str],
     search_extra: dict[str, Any] | None = None,
 ) -> int:
-    """The gate, best.yaml and report.md for a study whose search is over."""
+    """The gate, best.yaml and report.md for a study whose search is over.
+
+    Only a study with a measured baseline gets a gate and a best.yaml; without one, report.md
+    says what failed and NothingMeasured (exit 12) is raised.
+    """
     from autotune.export import build_provenance, export_best, final_config
-    from autotune.report import ReportInputs, write_report
+    from autotune.gate import BASELINE, Measurement, decide
+    from autotune.outcome import baseline_problem, baseline_standing
+    from autotune.report import ReportInputs, capacity_line, write_report
+    from autotune.study import ValidationResult
 
     options = plan["options"]
     say = _say
-    result = tuning.validate(study)
+    problem = baseline_problem(study)
+    if problem is None:
+        result = tuning.validate(study)
+    else:
+        unmeasured = Measurement(candidate=BASELINE, repeat=0, value=0.0, slo_met=False, ok=False,
+                                 failure="not measured")
+        decision = decide([unmeasured]).model_copy(update={"reason": problem})
+        result = ValidationResult([], decision, {}, {}, 0.0, 0.0)
     decision = result.decision
     overrides: dict[str, Any] = {}
     if not decision.keep_baseline:
         number = int(decision.winner.split("-")[1])
         overrides = study.trials[number].user_attrs.get("overrides", {})
+    verdict = "nothing" if problem is not None else "kept" if decision.keep_baseline else "validated"
+    standing = baseline_standing(result.measurements, tuning.baseline_trial(study), plan["slos"],
+                                 plan["objective"])
     validation = [m.model_dump() for m in result.measurements]
     provenance = build_provenance(
         decision=decision,
@@ -391,13 +497,15 @@ def finish(
         validation=validation,
         search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
                 "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
+        baseline_standing=standing,
     )
     capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
                                 baseline_trial=tuning.baseline_trial(study))
     if capacity is not None:
         provenance["capacity"] = capacity
     best_path = options.output_dir / "best.yaml"
-    export_best(best_path, final_config(plan["baseline"], overrides), provenance)
+    if verdict != "nothing":
+        export_best(best_path, final_config(plan["baseline"], overrides), provenance)
     report = write_report(
         options.output_dir,
         ReportInputs(
@@ -413,16 +521,23 @@ def finish(
             gate_wall_s=result.wall_s,
             gate_server_s=result.server_s,
             workload_profile=plan["profile_text"],
+            verdict=verdict,
+            baseline_standing=standing,
         ),
     )
+    if verdict == "nothing":
+        say("")
+        say("*** NOTHING COULD BE MEASURED: the baseline failed, so no config can be judged. ***")
+        say(f"*** {problem} ***")
+        say(f"*** no best.yaml was written; {report} has the trials. ***")
+        raise NothingMeasured(f"{problem}; no best.yaml written, see {report}")
     if capacity is not None:
-        from autotune.report import capacity_line
-
         say(capacity_line(capacity, decision.keep_baseline).replace("**", ""))
     if decision.keep_baseline:
         say("")
         say("*** KEPT THE BASELINE: no config beat it beyond the noise. ***")
         say(f"*** {decision.reason} ***")
+        say(f"*** baseline measured: {standing} ***")
         say(f"*** {best_path} holds the baseline config. ***")
     else:
         say(f"winner {decision.winner}: {decision.reason}")

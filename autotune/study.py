@@ -52,6 +52,7 @@ from autotune.objective import (
     invalid_config_evaluation,
 )
 from autotune.progress import format_duration, progress_line
+from autotune.signals import stop_reason
 from autotune.space import POW2_PREFIX, SearchSpace
 from server.config import ServerConfig
 from workloads.slo import SLO
@@ -616,7 +617,9 @@ class TuningStudy:
     def _enqueue_baseline(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         measured = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-        if any(is_baseline(t) and t.state in measured for t in trials):
+        # A baseline whose trial failed (crash, errors) is measured again: nothing is judged
+        # without it (autotune.outcome).
+        if any(is_baseline(t) and t.state in measured and not t.user_attrs.get("failure") for t in trials):
             return
         known = {**self.effective_defaults, **self._explicit(self.baseline)}
         fixed = self.space.fixed_params(known)
@@ -698,8 +701,8 @@ class TuningStudy:
                 should_prune=None if baseline else self._prune_callback(trial),
                 **self._ladder_start(study, self.tuning_window, None),
             )
-        except KeyboardInterrupt:
-            closed = self._close_failed(study, trial, "Ctrl-C during the trial; its server was stopped")
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
+            closed = self._close_failed(study, trial, f"{stop_reason(stop)} during the trial; its server was stopped")
             if closed and self.on_interrupted is not None:
                 self.on_interrupted(study, study._storage.get_trial(trial._trial_id))
                 self.say(f"{label}: interrupted; queued again for another worker")

@@ -37,6 +37,7 @@ from autotune.scraper import (
     ServerMetrics,
     server_metrics,
 )
+from autotune.signals import stop_reason
 from server.config import ServerConfig
 from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay, write_records
 from workloads.slo import SLO
@@ -242,8 +243,8 @@ class TrialRunner:
             finally:
                 if trial.server is not None:
                     trial.teardown = trial.server.stop()
-        except KeyboardInterrupt:
-            trial.fail("interrupted", "interrupted (Ctrl-C); the server was stopped")
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
+            trial.fail("interrupted", f"interrupted ({stop_reason(stop)}); the server was stopped")
             self._write(trial)
             raise
         return self._write(trial)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
+
+from autotune.errors import EXIT_CODES_HELP, HelpFormatter
 
 # A dead worker's trial is failed and re-queued within about a minute; a heartbeat every 10 s
 # costs one tiny UPDATE per running trial.
@@ -48,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "any time: a trial whose worker dies is failed after --grace-period and re-queued "
             "for another worker. Needs: the database, the model, and this Python environment."
         ),
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
     )
     _shared_flags(worker)
     worker.set_defaults(func=worker_command)
@@ -60,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "on the held-out window on this machine and write OUTPUT_DIR/best.yaml and "
             "report.md, exactly as `autotune run` does after its search. One finalize per study."
         ),
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
     )
     _shared_flags(final)
     final.add_argument("--partial", action="store_true",
@@ -71,34 +73,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     final.set_defaults(func=finalize_command)
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A pod being deleted gets SIGTERM: stop the trial's server and re-queue it, as for Ctrl-C."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def worker_command(args: argparse.Namespace) -> int:
     from autotune.distributed import WorkerIdentity, connect, run_worker
 
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
                       grace_period_s=args.grace_period, max_retry=args.max_retry)
-    with _sigterm_as_interrupt():
-        run_worker(
-            storage,
-            args.study,
-            url=args.storage,
-            identity=WorkerIdentity.detect(args.worker_id),
-            output_dir=args.output_dir or Path("results") / args.study,
-            max_retry=args.max_retry,
-        )
+    # SIGTERM (a pod being deleted) and SIGHUP stop the trial's server and hand the trial back,
+    # as Ctrl-C does: autotune.cli runs every command under autotune.signals.
+    run_worker(
+        storage,
+        args.study,
+        url=args.storage,
+        identity=WorkerIdentity.detect(args.worker_id),
+        output_dir=args.output_dir or Path("results") / args.study,
+        max_retry=args.max_retry,
+    )
     return 0
 
 
@@ -107,14 +96,13 @@ def finalize_command(args: argparse.Namespace) -> int:
 
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
                       grace_period_s=args.grace_period, max_retry=args.max_retry)
-    with _sigterm_as_interrupt():
-        return finalize(
-            storage,
-            args.study,
-            url=args.storage,
-            output_dir=args.output_dir or Path("results") / args.study,
-            identity=WorkerIdentity.detect(args.worker_id),
-            partial=args.partial,
-            again=args.again,
-            wait_timeout_s=args.wait,
-        )
+    return finalize(
+        storage,
+        args.study,
+        url=args.storage,
+        output_dir=args.output_dir or Path("results") / args.study,
+        identity=WorkerIdentity.detect(args.worker_id),
+        partial=args.partial,
+        again=args.again,
+        wait_timeout_s=args.wait,
+    )

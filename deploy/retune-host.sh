@@ -2,9 +2,10 @@
 # Re-tune on a plain host (cron or the systemd timer) and restart the server on a new config.
 #
 # `autotune retune` exit status: 0 no drift, 10 new best.yaml written, 11 drift but the
-# deployed config stays, 2 bad input, 1 failure. Only 10 restarts the server; 0 and 11 are
-# a normal night (exit 0 here); anything else is passed on so cron mails it / systemd marks
-# the unit failed.
+# deployed config stays, 2 bad input, 12 the deployed config could not be measured on the
+# current traffic (nothing published), 1 failure, 143 stopped by SIGTERM. Only 10 restarts the
+# server; 0 and 11 are a normal night (exit 0 here); anything else is passed on so cron mails
+# it / systemd marks the unit failed.
 #
 # Settings (environment, with defaults):
 #   AUTOTUNE        the autotune command              /opt/vllm-autotune/.venv/bin/autotune

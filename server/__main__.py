@@ -2,7 +2,8 @@
 
 Without --config: the embedded tiny model (random weights) on 127.0.0.1:8000.
 Exit codes: 0 after a clean stop, 1 if the address cannot be bound or the engine fails to
-start, 2 for a bad config.
+start, 2 for a bad config. Started by the tuner (AUTOTUNE_PARENT_PID set), the server stops by
+itself, engine included, once the tuner's process is gone (server.lifeline).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import socket
 import sys
 
 from server.config import ConfigError, ServerConfig
+from server.lifeline import watch_parent_from_env
 
 PROG = "server"
 
@@ -63,6 +65,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First: a tuner killed while this server imports vLLM must not leave it behind.
+    watch_parent_from_env()
     args = parse_args(argv)
     try:
         config = load_config(args)

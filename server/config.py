@@ -48,6 +48,8 @@ SERVER_KEYS = ("host", "port", "api_key")
 ADDITIONAL_CONFIG = "additional_config"
 OUR_SECTION = "vllm_autotune"  # key inside additional-config
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny-multilingual"
+# The embedded model's context as served (its config allows 32768; short keeps the KV cache small).
+DEFAULT_MAX_MODEL_LEN = 2048
 PROGRAMMATIC = "<config>"  # the `path` of errors about a config built in code
 
 
@@ -478,7 +480,7 @@ def default_engine_settings() -> dict[str, Any]:
         "model": str(DEFAULT_MODEL_DIR),
         "load_format": "dummy",
         "dtype": "bfloat16",  # measured: works on vLLM's CPU backend and on GPUs
-        "max_model_len": 2048,
+        "max_model_len": DEFAULT_MAX_MODEL_LEN,
     }
     if current_platform.is_cpu():
         # torch.compile at start costs ~20 s on 2 cores; eager mode serves the tiny model fine.

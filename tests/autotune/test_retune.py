@@ -69,11 +69,12 @@ class ScoringRunner:
 
 
 def reference_trace() -> Trace:
-    return translation(TranslationSpec(duration_s=120, mean_rps=2), seed=0)
+    # Long enough for two windows of 200+ requests each, what a p95 SLO needs (autotune.preflight).
+    return translation(TranslationSpec(duration_s=400, mean_rps=2), seed=0)
 
 
 def drifted_trace() -> Trace:
-    return translation(TranslationSpec(duration_s=120, mean_rps=6, median_input=120), seed=1)
+    return translation(TranslationSpec(duration_s=400, mean_rps=6, median_input=120), seed=1)
 
 
 def deploy(folder: Path, *, max_num_seqs: int = 2, profile: bool = True) -> Path:
