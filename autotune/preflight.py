@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import AutotuneError
+from workloads.errors import WorkloadError
 from workloads.slo import SLO
 from workloads.trace import Trace
 from workloads.windows import WindowInfo, select_windows
@@ -277,14 +278,19 @@ def fit_windows(
         wanted = [math.ceil(length * factor * _GROWTH_MARGIN) if factor > 1 else length
                   for length, factor in zip(lengths, grow, strict=True)]
         if sum(wanted) > span:
-            if sum(lengths) >= span - 1e-6:
+            room = span - sum(lengths)
+            if room <= 1e-3:
                 break
-            # Share what the trace has in proportion to what each window wants.
-            scale = span / sum(wanted)
-            wanted = [math.floor(w * scale * 1000) / 1000 for w in wanted]
+            # Share the room left in proportion to what each window still wants; never shrink.
+            extra = [w - length for w, length in zip(wanted, lengths, strict=True)]
+            wanted = [length + math.floor(e * room / sum(extra) * 1000) / 1000
+                      for length, e in zip(lengths, extra, strict=True)]
         lengths = [float(w) for w in wanted]
-        tuning, holdout, info = select_windows(trace, *lengths)
-    raise AutotuneError(_too_few_message(trace, needs, span, label))
+        try:
+            tuning, holdout, info = select_windows(trace, *lengths)
+        except WorkloadError:
+            break  # no disjoint placement of windows this long: as good as too long
+    raise AutotuneError(_too_few_message(trace, needs, span, label, (tuning_s, holdout_s)))
 
 
 def _shortfall(window: Trace, needs: Sequence[Requirement]) -> float:
@@ -310,16 +316,19 @@ def _check_whole_trace(trace: Trace, needs: Sequence[Requirement], label: str) -
             )
 
 
-def _too_few_message(trace: Trace, needs: Sequence[Requirement], span: float, label: str) -> str:
+def _too_few_message(
+    trace: Trace, needs: Sequence[Requirement], span: float, label: str, asked: tuple[float, float]
+) -> str:
     need = _strictest(trace, needs)
     rate = samples(trace, need.metric) / span if span > 0 else 0.0
     per_window = need.needed / rate if rate > 0 else math.inf
     return (
         f"{label}: {need.spec} needs at least {need.needed:,} {need.unit} in each of the "
         f"tuning and held-out windows ({RULE}); at this trace's {rate:.3g} per second that is "
-        f"about {per_window:.0f} s per window and {2 * per_window:.0f} s in all, and the trace is "
-        f"{span:.0f} s long; use a longer trace or a lower percentile"
-        f"{_supported(samples(trace, need.metric))}"
+        f"about {per_window:.0f} s per window, and the {span:.0f} s trace has no room to lengthen "
+        f"the windows asked for ({asked[0]:g} s and {asked[1]:g} s) that far; use a longer "
+        f"trace, a lower percentile{_supported(samples(trace, need.metric))}, or shorter "
+        f"--tuning-window / --holdout-window to lengthen"
     )
 
 

@@ -153,7 +153,11 @@ def select_windows(
         return np.unique(np.append(grid, span_s - length_s))
 
     tuning_starts = starts(tuning_s)
-    tuning = _best_window(trace, whole, tuning_s, tuning_starts, None)
+    # Only tuning windows that leave room for the held-out one beside them (before or after).
+    roomy = tuning_starts[
+        (tuning_starts >= holdout_s - 1e-9) | (tuning_starts + tuning_s + holdout_s <= span_s + 1e-9)
+    ]
+    tuning = _best_window(trace, whole, tuning_s, roomy if len(roomy) else tuning_starts, None)
     assert tuning is not None  # span >= tuning_s, so there is at least one start
     holdout_starts = starts(holdout_s)
     holdout = _best_window(trace, whole, holdout_s, holdout_starts, (tuning.start_s, tuning.end_s))

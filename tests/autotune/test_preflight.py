@@ -15,11 +15,17 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autotune.cli import main
 from autotune.distributed import load_shared
-from autotune.preflight import MIN_TAIL_REQUESTS, min_samples
+from autotune.errors import AutotuneError
+from autotune.preflight import MIN_TAIL_REQUESTS, fit_windows, min_samples, requirements, samples
 from server.config import ServerConfig, default_engine_settings
+from workloads.errors import WorkloadError
+from workloads.slo import parse_slos
+from workloads.synthetic import TranslationSpec, translation
 from workloads.trace import Trace, TraceRequest, load_trace, write_trace
 
 LONGEST_PROMPT = 191_000  # the conversation_trace fixture's longest prompt (conftest.py)
@@ -222,3 +228,35 @@ def test_the_context_comes_from_the_flag_or_the_baseline_file(tmp_path: Path, ca
     ServerConfig(engine={**default_engine_settings(), "max_model_len": 512}).write(baseline)
     err = refused(capsys, tmp_path / "out", "--workload", SAMPLE, "--baseline", baseline)
     assert f"(max_model_len=512 from {baseline})" in err and "--max-model-len 617" in err
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    duration_s=st.floats(60, 900),
+    rate_rps=st.floats(0.3, 8),
+    percentile=st.sampled_from([50, 75, 90, 95, 99]),
+    tuning_s=st.floats(2, 40),
+    holdout_s=st.floats(2, 40),
+    seed=st.integers(0, 1000),
+)
+def test_windows_either_hold_what_each_percentile_needs_or_are_refused(
+    duration_s: float, rate_rps: float, percentile: int, tuning_s: float, holdout_s: float, seed: int
+) -> None:
+    trace = translation(TranslationSpec(duration_s=duration_s, mean_rps=rate_rps), seed=seed)
+    needs = requirements(parse_slos([f"ttft_p{percentile}_ms=500", f"tpot_p{percentile}_ms=50"]))
+    try:
+        tuning, holdout, _, fit = fit_windows(trace, tuning_s, holdout_s, needs)
+    except WorkloadError:
+        return  # the windows asked for do not fit in the trace: select_windows' own refusal
+    except AutotuneError as error:
+        # Refused only where the trace is small for the percentile, or the windows asked for
+        # already take most of it (they are lengthened, never shortened).
+        small = len(trace) <= 4 * min_samples(percentile)
+        crowded = tuning_s + holdout_s > trace.duration_s() / 2
+        assert "\n" not in str(error) and (small or crowded), str(error)
+        return
+    for window in (tuning, holdout):
+        for need in needs:
+            assert samples(window, need.metric) >= need.needed
+    assert fit.used_s[0] >= tuning_s and fit.used_s[1] >= holdout_s
+    assert sum(fit.used_s) <= trace.duration_s() + 1e-6
