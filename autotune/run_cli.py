@@ -243,6 +243,7 @@ def plan_study(
         output_dir=output_dir,
         storage=args.storage,
         resume=args.resume,
+        resume_gate=args.resume,
         n_trials=args.trials,
         time_budget_s=time_budget_s,
         seed=args.seed,

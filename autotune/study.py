@@ -89,6 +89,9 @@ class StudyOptions:
     top_k: int = 3
     repeats: int = 3
     prune: bool = True
+    # `autotune run --resume`: runs an interrupted gate measured on this host are kept
+    # (finalize --again and retune always measure the gate afresh).
+    resume_gate: bool = False
 
     @property
     def storage_url(self) -> str:
@@ -926,7 +929,7 @@ class TuningStudy:
         order = round_robin(list(candidates), options.repeats)
         record = options.output_dir / "validation" / "measurements.json"
         host = socket.gethostname()
-        done = self._gate_done(record, order, host) if options.resume else []
+        done = self._gate_done(record, order, host) if options.resume_gate else []
         if done:
             self.say(f"gate: reusing {len(done)} of {len(order)} runs an interrupted gate measured "
                      f"on this host ({record})")

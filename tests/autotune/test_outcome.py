@@ -60,6 +60,8 @@ class Runner:
 
 
 def plan(tmp_path: Path, *, trials: int = 4, resume: bool = False, name: str = "s", **values: Any):
+    # The fake runner replays once (goodput); the outcome rules are the same for capacity.
+    values.setdefault("objective", "goodput")
     args = run_arguments(workload=str(SAMPLE), trials=trials, study_name=name, output_dir=tmp_path,
                          top_k=1, repeats=2, resume=resume, **values)
     return plan_study(args, study_name=name, output_dir=tmp_path, time_budget_s=None)

@@ -1,0 +1,77 @@
+"""A gate cut short (tuner killed, machine taken back) goes on with `autotune run --resume`
+after the runs it already measured on this host, instead of measuring them again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.objective import Objective
+from autotune.space import ParamSpec, SearchSpace
+from autotune.study import StudyOptions, TuningStudy
+from autotune.trial import TrialOutcome
+from server.config import ServerConfig
+from workloads.replay import ReplaySummary
+from workloads.slo import parse_slo
+from workloads.trace import Trace, TraceRequest
+
+WINDOW = Trace.from_requests(
+    [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(50)])
+SPACE = SearchSpace({"max_num_seqs": ParamSpec(type="int", low=1, high=64, log=True)}, [])
+
+
+class Runner:
+    """Goodput grows with sequences; raises KeyboardInterrupt on call `stop_at`."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.stop_at = stop_at
+        self.calls: list[str] = []
+
+    def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None) -> TrialOutcome:
+        self.calls.append(Path(trial_dir).parent.name)
+        if self.stop_at is not None and len(self.calls) == self.stop_at:
+            raise KeyboardInterrupt
+        Path(trial_dir).mkdir(parents=True, exist_ok=True)
+        seqs = config.engine.get("max_num_seqs") or 8
+        summary = ReplaySummary(duration=10, completed=20, failed=0, total_input_tokens=1,
+                                total_output_tokens=1, request_throughput=2.0, output_throughput=1,
+                                total_token_throughput=1, request_goodput=min(seqs, 32) / 10,
+                                p95_ttft_ms=100)
+        return TrialOutcome(ok=True, summary=summary, trial_dir=str(trial_dir))
+
+
+def study(tmp_path: Path, runner: Runner, *, resume: bool) -> TuningStudy:
+    return TuningStudy(
+        options=StudyOptions(study_name="g", output_dir=tmp_path, n_trials=3, top_k=1, repeats=3,
+                             resume=resume, resume_gate=resume),
+        space=SPACE, objective=Objective(kind="goodput"), slos=[parse_slo("ttft_p95_ms=500")],
+        baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
+        tuning_window=WINDOW, holdout_window=WINDOW, runner=runner,
+        effective_defaults={"max_num_seqs": 8}, say=lambda line: None,
+    )
+
+
+def test_resumed_gate_measures_only_what_the_interrupted_one_did_not(tmp_path: Path) -> None:
+    first = study(tmp_path, Runner(stop_at=3 + 4), resume=False)  # 3 search trials, then 4th gate run
+    first.run_search()
+    with pytest.raises(KeyboardInterrupt):
+        first.validate()
+    kept = json.loads((tmp_path / "validation" / "measurements.json").read_text())
+    assert len(kept) == 3
+    runner = Runner()
+    second = study(tmp_path, runner, resume=True)
+    second.run_search()  # the search is complete: nothing runs
+    result = second.validate()
+    assert len(runner.calls) == 6 - 3  # 2 configs x 3 repeats, 3 already measured
+    assert len(result.measurements) == 6
+    # Measured elsewhere (another host) is not mixed in: everything again.
+    for m in kept:
+        m["host"] = "another-machine"
+    (tmp_path / "validation" / "measurements.json").write_text(json.dumps(kept[:3]))
+    again = Runner()
+    third = study(tmp_path, again, resume=True)
+    third.run_search()
+    third.validate()
+    assert len(again.calls) == 6
