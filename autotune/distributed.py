@@ -101,6 +101,7 @@ class SharedPlan(BaseModel):
     holdout_window: StoredWindow
     n_trials: int | None
     time_budget_s: float | None
+    gpu_seconds: float | None = None  # per worker, like the time budget
     seed: int
     top_k: int
     repeats: int
@@ -136,6 +137,7 @@ class SharedPlan(BaseModel):
             holdout_window=StoredWindow.from_trace(plan["holdout"]),
             n_trials=options.n_trials,
             time_budget_s=options.time_budget_s,
+            gpu_seconds=options.gpu_seconds,
             seed=options.seed,
             top_k=options.top_k,
             repeats=options.repeats,
@@ -167,6 +169,7 @@ class SharedPlan(BaseModel):
             resume=True,
             n_trials=self.n_trials,
             time_budget_s=self.time_budget_s,
+            gpu_seconds=self.gpu_seconds,
             seed=self.seed,
             top_k=self.top_k,
             repeats=self.repeats,
@@ -448,6 +451,8 @@ def create_shared_study(
     tuning.enqueue_baseline(study)
     target = f"{options.n_trials} trials" if options.n_trials else "no trial limit"
     budget = f", time budget {options.time_budget_s:.0f} s per worker" if options.time_budget_s else ""
+    if options.gpu_seconds:
+        budget += f", {options.gpu_seconds:.0f} GPU-seconds per worker"
     say(f"created study {options.study_name} in {url} ({target}{budget}; objective "
         f"{plan['objective'].spec()}; SLOs {', '.join(s.spec() for s in plan['slos'])}); "
         f"the baseline is queued as trial-0000")

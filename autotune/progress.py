@@ -1,4 +1,4 @@
-"""Durations in and out: `--time-budget 30m` and the per-trial progress line."""
+"""Durations in and out: `--time-budget 30m`, `--gpu-seconds 2h` and the per-trial progress line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import re
 
 from autotune.errors import AutotuneError
 
-_DURATION = re.compile(r"^\s*(?P<value>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>s|m|h)?\s*$")
+# A sign is accepted so that `-5` is refused for what it is (not more than 0), not as a typo.
+_DURATION = re.compile(r"^\s*(?P<value>[-+]?[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>s|m|h)?\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 

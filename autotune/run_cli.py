@@ -44,9 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--workload", required=True, metavar="TRACE.jsonl", help="the traffic trace to tune on")
     add("--trials", type=int, default=None, metavar="N",
         help="trials in the search, the baseline included (with --resume: the study's total) "
-             f"(default: {DEFAULT_TRIALS}, or no limit when --time-budget is given)")
+             f"(default: {DEFAULT_TRIALS}, or no limit when --time-budget or --gpu-seconds is given)")
     add("--time-budget", default=None, metavar="DURATION",
         help="stop starting search trials after this long, e.g. 900, 30m, 1.5h; the gate runs after "
+             "(default: no limit, --trials decides)")
+    add("--gpu-seconds", default=None, metavar="DURATION",
+        help="stop starting search trials once their engines have held this many accelerator-"
+             "seconds (each trial's wall time x the GPUs its config uses: tensor x pipeline x data "
+             "parallel size; on CPU, its wall time), e.g. 3600 or 8h; the gate runs after "
              "(default: no limit, --trials decides)")
     add("--study-name", default=None,
         help="Optuna study name (default: the workload's file name and today's date)")
@@ -119,14 +124,16 @@ def run_command(args: argparse.Namespace) -> int:
     if args.top_k < 1 or args.repeats < 1:
         raise AutotuneError("--top-k and --repeats must be at least 1")
     budget = parse_duration(args.time_budget) if args.time_budget else None
-    if args.trials is None and budget is None:
+    gpu_seconds = parse_duration(args.gpu_seconds, option="--gpu-seconds") if args.gpu_seconds else None
+    if args.trials is None and budget is None and gpu_seconds is None:
         args.trials = DEFAULT_TRIALS
     if args.workers_only and args.resume:
         raise AutotuneError("--workers-only creates a study; to add measurements to it start "
                             "`autotune worker --storage URL --study NAME` instead of --resume")
     study_name = args.study_name or f"{Path(args.workload).stem}-{dt.date.today():%Y%m%d}"
     output_dir: Path = args.output_dir or Path("results") / study_name
-    plan = plan_study(args, study_name=study_name, output_dir=output_dir, time_budget_s=budget)
+    plan = plan_study(args, study_name=study_name, output_dir=output_dir, time_budget_s=budget,
+                      gpu_seconds=gpu_seconds)
     # The command as a user would retype it, whatever entry point ran it.
     argv = ["autotune", *sys.argv[1:]]
     if args.workers_only:
@@ -153,7 +160,12 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def plan_study(
-    args: argparse.Namespace, *, study_name: str, output_dir: Path, time_budget_s: float | None
+    args: argparse.Namespace,
+    *,
+    study_name: str,
+    output_dir: Path,
+    time_budget_s: float | None,
+    gpu_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Everything checked and prepared before the first trial (no server started).
 
@@ -246,6 +258,7 @@ def plan_study(
         resume_gate=args.resume,
         n_trials=args.trials,
         time_budget_s=time_budget_s,
+        gpu_seconds=gpu_seconds,
         seed=args.seed,
         top_k=args.top_k,
         repeats=args.repeats,

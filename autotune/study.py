@@ -85,6 +85,9 @@ class StudyOptions:
     resume: bool = False
     n_trials: int | None = 6  # total, the baseline included
     time_budget_s: float | None = None  # for the search; the gate comes after
+    # Accelerator-seconds the search may spend holding engines (`--gpu-seconds`): each
+    # trial's wall time x the devices its config's engine holds (`engine_devices`).
+    gpu_seconds: float | None = None
     seed: int = 0
     top_k: int = 3
     repeats: int = 3
@@ -209,6 +212,15 @@ def server_seconds(outcome: Any) -> float:
     if timing is None:
         return 0.0
     return float(timing.ready_s + timing.warmup_s + timing.measure_s + timing.teardown_s)
+
+
+def engine_devices(engine: dict[str, Any]) -> int:
+    """Accelerators one engine of this config holds: tensor x pipeline x data parallel size
+    (1 unless the config sets them; on CPU, the engine's wall time is what is counted)."""
+    devices = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        devices *= max(1, int(engine.get(key) or 1))
+    return devices
 
 
 def trial_label(number: int) -> str:
@@ -481,6 +493,7 @@ class TuningStudy:
             # A shared study was created with its baseline queued; a lost baseline is retried.
             self._enqueue_baseline(study)
         durations: list[float] = []
+        device_costs: list[float] = []  # accelerator-seconds of each trial this run measured
         waiting_on: int | None = None
         while True:
             self.fail_stale(study)
@@ -512,13 +525,30 @@ class TuningStudy:
                         f"{done} trials"
                     )
                     break
+            if options.gpu_seconds is not None and done > 0:
+                # Like the time budget: a trial that would overrun is not started.
+                spent = sum(device_costs)
+                typical = spent / len(device_costs) if device_costs else 0.0
+                if spent + typical > options.gpu_seconds:
+                    self.say(
+                        f"GPU-seconds budget {options.gpu_seconds:.0f} reached after {done} "
+                        f"trials ({spent:.0f} spent)"
+                    )
+                    break
             self.queue_first_moves(study)
             trial_start = self.clock()
             frozen = self.run_one(study)
             durations.append(self.clock() - trial_start)
-            self.say(self._progress(study, frozen, start, durations))
+            device_costs.append(self.device_seconds(frozen))
+            self.say(self._progress(study, frozen, start, durations, device_costs))
         self.search_wall_s = self.clock() - start
         return study
+
+    def device_seconds(self, trial: FrozenTrial) -> float:
+        """Accelerator-seconds a trial held: its wall time (0 when never launched) x the
+        devices its config's engine holds."""
+        config = self.trial_config(trial.user_attrs.get("overrides") or {})
+        return float(trial.user_attrs.get("wall_s") or 0.0) * engine_devices(config.engine)
 
     @staticmethod
     def poll_s(study: optuna.Study) -> float:
@@ -808,7 +838,12 @@ class TuningStudy:
         return study.trials[trial.number]
 
     def _progress(
-        self, study: optuna.Study, frozen: FrozenTrial, start: float, durations: list[float]
+        self,
+        study: optuna.Study,
+        frozen: FrozenTrial,
+        start: float,
+        durations: list[float],
+        device_costs: list[float] | None = None,
     ) -> str:
         trials = study.get_trials(deepcopy=False)
         done = sum(counts_toward_budget(t) for t in trials)
@@ -827,6 +862,11 @@ class TuningStudy:
         if self.options.time_budget_s is not None:
             left = max(0.0, self.options.time_budget_s - elapsed)
             remaining = left if remaining is None else min(remaining, left)
+        spent = sum(device_costs or [])
+        if self.options.gpu_seconds is not None and spent > 0:
+            per_trial = spent / len(device_costs or [1])
+            fit = math.floor(max(0.0, self.options.gpu_seconds - spent) / per_trial)
+            remaining = fit * typical if remaining is None else min(remaining, fit * typical)
         eta = None if remaining is None else remaining + self.estimated_gate_s(typical)
         return progress_line(
             done=done,

@@ -1,0 +1,130 @@
+"""`--gpu-seconds`: the search stops starting trials once their engines have held that many
+accelerator-seconds (wall time x the GPUs a trial's config uses), like `--time-budget`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune import run_cli
+from autotune.cli import main
+from autotune.errors import AutotuneError
+from autotune.objective import default_slos, parse_objective
+from autotune.space import SearchSpace
+from autotune.study import StudyOptions, TuningStudy, engine_devices
+from autotune.trial import TrialOutcome, TrialTiming
+from server.config import ServerConfig
+from workloads.replay import ReplaySummary
+from workloads.trace import Trace, TraceRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
+EFFECTIVE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.3,
+             "max_model_len": 2048, "enable_chunked_prefill": True}
+TRIAL_S = 10.0  # every fake trial holds its engine this long (virtual clock)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedRunner:
+    """Every trial takes TRIAL_S on the study's clock and meets the SLOs."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.launches = 0
+
+    def run(self, config, window, trial_dir, *, should_prune=None):
+        self.launches += 1
+        self.clock.now += TRIAL_S
+        Path(trial_dir).mkdir(parents=True, exist_ok=True)
+        summary = ReplaySummary(duration=10.0, completed=20, failed=0, total_input_tokens=1000,
+                                total_output_tokens=400, request_throughput=2.0, output_throughput=40.0,
+                                total_token_throughput=140.0, request_goodput=2.0, p95_ttft_ms=300.0,
+                                p95_tpot_ms=20.0)
+        timing = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=8.0, teardown_s=0.5)
+        return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
+
+
+def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tuple[int, list[str]]:
+    """Launches a budget-limited search made, and what it said."""
+    clock = Clock()
+    runner = TimedRunner(clock)
+    lines: list[str] = []
+    slos = default_slos("cpu")
+    window = Trace.from_requests(
+        [TraceRequest(timestamp=i * 500.0, input_length=50, output_length=20) for i in range(20)])
+    study = TuningStudy(
+        options=StudyOptions(study_name="budget", output_dir=tmp_path, n_trials=None,
+                             gpu_seconds=gpu_seconds, prune=False,
+                             storage=optuna.storages.InMemoryStorage()),
+        space=SearchSpace.default("cpu"),
+        objective=parse_objective("goodput", slos),
+        slos=slos,
+        baseline=ServerConfig(engine={"model": "/models/tiny", **engine}),
+        baseline_source="vLLM defaults",
+        tuning_window=window,
+        holdout_window=window,
+        runner=runner,
+        effective_defaults=EFFECTIVE,
+        say=lines.append,
+        clock=clock,
+    )
+    study.run_search()
+    return runner.launches, lines
+
+
+def test_the_search_stops_before_a_trial_that_would_overrun_the_budget(tmp_path: Path) -> None:
+    # 10 s per trial: after 5 trials 50 GPU-seconds are spent; a 6th would reach 60 > 55.
+    launches, lines = searched(tmp_path / "one", 55.0, {})
+    assert launches == 5
+    assert any("GPU-seconds budget 55 reached after 5 trials (50 spent)" in line for line in lines)
+
+
+def test_a_config_on_several_gpus_spends_the_budget_as_fast(tmp_path: Path) -> None:
+    # Tensor parallel 2 x pipeline parallel 2: 4 GPUs held for 10 s = 40 GPU-seconds a trial.
+    launches, _ = searched(tmp_path / "four", 100.0, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2})
+    assert launches == 2
+    assert engine_devices({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    assert engine_devices({"data_parallel_size": None}) == 1
+
+
+def test_the_baseline_is_measured_whatever_the_budget(tmp_path: Path) -> None:
+    launches, _ = searched(tmp_path, 1.0, {})
+    assert launches == 1
+
+
+@pytest.mark.parametrize("value, why", [("-5", "must be more than 0"), ("0", "must be more than 0"),
+                                        ("lots", "expected a number")])
+def test_a_bad_gpu_seconds_is_refused_in_one_line(value: str, why: str, tmp_path: Path, capsys) -> None:
+    code = main(["run", "--workload", SAMPLE, "--gpu-seconds", value, "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith(f"autotune: error: --gpu-seconds '{value}': ") and why in err
+    assert "\n" not in err
+    assert not (tmp_path / "trials").exists()
+
+
+def test_gpu_seconds_reaches_the_study_and_lifts_the_default_trial_count(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def plan_study(args, **kwargs):
+        seen.update(kwargs, trials=args.trials)
+        raise AutotuneError("planned")  # nothing to measure here
+
+    monkeypatch.setattr(run_cli, "plan_study", plan_study)
+    assert main(["run", "--workload", SAMPLE, "--gpu-seconds", "2h", "--output-dir", str(tmp_path)]) == 2
+    assert seen["gpu_seconds"] == 7200 and seen["trials"] is None
+    assert main(["run", "--workload", SAMPLE, "--output-dir", str(tmp_path)]) == 2
+    assert seen["gpu_seconds"] is None and seen["trials"] == run_cli.DEFAULT_TRIALS
+    capsys.readouterr()
