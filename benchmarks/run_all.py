@@ -44,8 +44,8 @@ def steps(quick: bool) -> list[Step]:
                                *(("--loop", "asyncio", "--skip-client-cost") if quick else ())), engine=False),
         Step("replayer_fidelity", ("benchmarks/replayer_fidelity.py", *q), engine=True),
         Step("serving_overhead", ("benchmarks/serving_overhead.py", *q), engine=True),
-        Step("search_grid", ("benchmarks/search_efficiency.py", "measure", *q, *grid_chunk), engine=True,
-             repeat_until_done=True),
+        Step("search_grid", ("benchmarks/search_efficiency.py", "measure", "--objective", "capacity",
+                             *q, *grid_chunk), engine=True, repeat_until_done=True),
         Step("search_efficiency", ("benchmarks/search_efficiency.py", "replay", *q), engine=False),
         Step("trial_overhead", ("benchmarks/trial_overhead.py", *q), engine=True),
         Step("capacity_repeats", ("benchmarks/capacity_repeats.py", *q), engine=True),
@@ -80,15 +80,14 @@ def run(step: Step, log_path: Path) -> int:
 
 
 def grid_done(quick: bool) -> bool:
-    """True when the grid table holds every point (checked by the measure step's own output)."""
-    table = Path("/tmp/search_grid_quick" if quick else RESULTS / "search_grid") / "table.json"
-    if not table.exists():
-        return False
-    from search_efficiency import BATCHED, QUICK_BATCHED, QUICK_SEQS, SEQS, Table
+    """True when the capacity grid's table holds every point (and the baseline)."""
+    from search_efficiency import default_table, load_table
 
-    data = Table.model_validate_json(table.read_text())
-    seqs, batched = (QUICK_SEQS, QUICK_BATCHED) if quick else (SEQS, BATCHED)
-    return len(data.points) >= len(seqs) * len(batched) + 1
+    folder = default_table("capacity", quick)
+    if not (folder / "table.json").exists():
+        return False
+    table = load_table(folder)
+    return not table.missing() and table.baseline_point() is not None
 
 
 def main() -> int:

@@ -1,32 +1,40 @@
-"""Search efficiency (item 3): what it costs to find a good config by grid, by our tuner and
-by plain random search, on a tabular benchmark measured on the real CPU engine.
+"""Search efficiency (issue 18): what it costs to find a good config by our tuner, by plain TPE,
+by random search and by an exhaustive grid, on tabular benchmarks measured on the real CPU engine.
 
-1. `measure`: every point of a fixed grid (max_num_seqs x max_num_batched_tokens, plus the
-   baseline, vLLM's defaults) is measured once for real, exactly as one `autotune run` trial
-   measures a config (autotune.trial.TrialRunner: start the server, warm up, replay the
-   tuning window, stop), scored with the tuner's own objective (goodput under the default
-   CPU SLOs, autotune.objective.evaluate). Each point's objective, feasibility and wall-clock
-   cost go to TABLE/table.json (resumable: measured points are kept). This is what vLLM's
-   `benchmarks/auto_tune/auto_tune.sh` does: measure every point of the grid once.
-2. `replay`: our tuner (autotune.study.TuningStudy itself: its TPE sampler, space, relations,
-   baseline-first, constraints; the pruner off) and plain random search (the grid in a random
-   order) are run over the measured table for several seeds: a trial is answered with the
-   measured outcome of its point and charged that point's measured wall cost. Reported: trials
-   and seconds until the best found reaches 0.97x the grid's best, and the objective each
-   method ends with at fixed budgets. The searches are replayed over the measured table:
-   a re-proposed point costs its measurement again but returns the same value, where a live
-   run would measure it again with noise.
+1. `measure`: every point of a fixed grid (max_num_seqs x max_num_batched_tokens, powers of
+   two, plus the baseline, vLLM's defaults) is measured once for real and stored in
+   TABLE/table.json, each point's trial folder (outcome.json: the whole measured outcome, the
+   capacity ladder's steps included) beside it. Resumable: measured points are kept.
+   - `--objective capacity` (the default, as `autotune run`'s): each point is one trial exactly
+     as `autotune run --workload TRACE` with its defaults measures one (its tuning window, CPU
+     SLOs and CPU ladder settings, built by autotune.run_cli.plan_study; one engine launch, a
+     load ladder, the highest req/s meeting every SLO). The baseline is measured first, with
+     an unhinted ladder (as trial 0); every other point's ladder starts at the baseline's
+     capacity, as `autotune run` starts a trial's ladder at the best capacity so far.
+   - `--objective goodput`: the older table (results/benchmarks/search_grid): one timed replay
+     of a 15 s window per point, goodput under the default CPU SLOs.
+2. `replay`: the strategies are run over each measured table for 20 seeds; a trial is answered
+   with the measured outcome of its point (the baseline's ladder included, so our first moves
+   read what they would read live) and charged that point's measured wall-clock cost on a
+   virtual clock. Strategies: ours (autotune.study.TuningStudy as `autotune run` builds it,
+   with its default --trials: baseline, first moves, TPE), the same with as many trials as the
+   grid has points, plain TPE (the same study without the first moves), random search (the grid
+   in a seeded random order) and grid order (every point in auto_tune.sh's nested-loop order).
+   Reported: launches and seconds until the best found reaches 0.95x and 0.98x of the grid's
+   best, as a share of the grid's cost, and the issue's done-when.
 
-    .venv/bin/python benchmarks/search_efficiency.py measure [--quick] [--max-points N]
-    .venv/bin/python benchmarks/search_efficiency.py replay [--quick] [--seeds 20]
+    .venv/bin/python benchmarks/search_efficiency.py measure [--objective capacity|goodput] [--table DIR]
+    .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ...] [--seeds 20]
 
-TABLE defaults to results/benchmarks/search_grid (quick: /tmp/search_grid_quick). Results:
-results/benchmarks/search_efficiency.{json,md}; the trial timings feed trial_overhead.py.
+TABLE defaults to results/benchmarks/search_grid_capacity (goodput: results/benchmarks/search_grid;
+quick: /tmp/...). `replay` defaults to every committed table. Results:
+results/benchmarks/search_efficiency.{json,md} (quick: results/benchmarks/quick/).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import math
 import os
@@ -34,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +61,20 @@ from benchlib import (
 )
 from pydantic import BaseModel
 
-SEQS = (1, 2, 4, 8, 16, 32)
-BATCHED = (256, 512, 1024, 2048, 4096)
+# The capacity grid: vLLM's default max_num_seqs (128) and max_num_batched_tokens (2048) on this
+# CPU are a grid point, so the baseline is one of the points and the first moves from it (halve
+# or quarter the prefill budget, halve or double the sequences) land on points of the grid.
+CAPACITY_SEQS = (4, 8, 16, 32, 64, 128)
+CAPACITY_BATCHED = (512, 1024, 2048)
+GOODPUT_SEQS = (1, 2, 4, 8, 16, 32)
+GOODPUT_BATCHED = (256, 512, 1024, 2048, 4096)
 QUICK_SEQS = (16, 32)
 QUICK_BATCHED = (1024, 2048)
 TRACE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
-TARGET = 0.97
-COST_GOAL = 0.20
+TARGETS = (0.95, 0.98)  # shares of the grid's best the searches are timed to
+DONE_TARGET = 0.95
+COST_GOAL = 0.25  # the issue: reach 0.95x within 25% of the grid's cost ...
+SEEDS_GOAL = 0.9  # ... in the median and in 18 of 20 seeds
 BASELINE_LABEL = "baseline"
 
 
@@ -73,8 +89,10 @@ class Point(BaseModel):
     ok: bool
     failure: str | None
     failure_detail: str | None
-    score: float  # goodput, req/s (0 when the run failed)
-    feasible: bool  # ran and met every SLO at its percentile
+    score: float  # the table's objective: goodput or capacity, req/s (0 when the run failed)
+    # What the study counts as feasible: goodput: ran and met every SLO; capacity: carried some
+    # load with every SLO met (capacity > 0; the SLOs are inside the number).
+    feasible: bool
     measured_ms: dict[str, float | None]
     throughput: float | None
     completed: int | None
@@ -84,56 +102,254 @@ class Point(BaseModel):
     load_1min_before: float
     other_engine_share: float = 0.0  # share of the trial another user's vLLM engine ran
     measured_at: str
-    trial_dir: str  # relative to the repository root
+    trial_dir: str  # relative to the repository root, or absolute
+    # capacity tables only
+    capacity_rps: float | None = None
+    headroom: float | None = None
+    bracketed: bool | None = None
+    ladder_steps: int | None = None
+    start_speedup: float | None = None  # where the ladder started (None: at 1x, unhinted)
+    limiting_slo: str | None = None  # the SLO that broke first above the capacity
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return int(self.effective["max_num_seqs"]), int(self.effective["max_num_batched_tokens"])
+
+    def outcome_path(self) -> Path:
+        folder = Path(self.trial_dir)
+        return (folder if folder.is_absolute() else ROOT / folder) / "outcome.json"
 
 
 class Table(BaseModel):
     settings: dict[str, Any]
     points: list[Point] = []
 
+    @property
+    def objective(self) -> str:
+        return str(self.settings.get("objective", "goodput"))
+
     def by_key(self) -> dict[tuple[int, int], Point]:
-        return {(p.effective["max_num_seqs"], p.effective["max_num_batched_tokens"]): p for p in self.points}
+        return {p.key: p for p in self.points}
+
+    def grid_keys(self) -> list[tuple[int, int]]:
+        """Every grid point, in auto_tune.sh's order: max_num_seqs outer, batched tokens inner."""
+        grid = self.settings["grid"]
+        return list(itertools.product(sorted(grid["max_num_seqs"]), sorted(grid["max_num_batched_tokens"])))
+
+    def grid_points(self) -> list[Point]:
+        """The grid's measured points (the baseline among them when it is a grid point)."""
+        points = self.by_key()
+        return [points[key] for key in self.grid_keys() if key in points]
+
+    def baseline_point(self) -> Point | None:
+        return next((p for p in self.points if p.baseline), None)
+
+    def missing(self) -> list[tuple[int, int]]:
+        points = self.by_key()
+        return [key for key in self.grid_keys() if key not in points]
+
+
+def load_table(table_dir: Path) -> Table:
+    return Table.model_validate_json((table_dir / "table.json").read_text())
+
+
+def check_powers_of_two(settings: dict[str, Any]) -> None:
+    """The replay's space is every power of two between a knob's lowest and highest value."""
+    for name, values in settings["grid"].items():
+        low, high = min(values), max(values)
+        powers = [2**k for k in range(int(math.log2(low)), int(math.log2(high)) + 1)]
+        if sorted(values) != powers:
+            raise SystemExit(f"grid {name} {values}: the tuner's space is every power of two from "
+                             f"{low} to {high}; measure a grid with all of them")
 
 
 # -- the measurement -------------------------------------------------------------------------
 
 
-def window_and_slos(args: argparse.Namespace):
-    from autotune.objective import default_slos
-    from workloads.trace import load_trace
-    from workloads.windows import select_windows
-
-    trace = load_trace(args.trace)
-    # The same window choice as `autotune run` (most representative window of the trace).
-    tuning, _, info = select_windows(trace, args.window_s * args.speedup, 20.0)
-    return tuning, info, default_slos("cpu")
-
-
-def baseline_config():
-    from server.config import ServerConfig, default_engine_settings
-
-    # `autotune run` without --baseline: vLLM's defaults plus what this machine needs.
-    return ServerConfig(engine=default_engine_settings())
-
-
 def point_config(baseline, seqs: int | None, batched: int | None):
+    """A grid point's config as TuningStudy.trial_config builds a trial's: the baseline with
+    the knobs on top, in benchmark mode."""
     engine = dict(baseline.engine)
     if seqs is not None:
         engine["max_num_seqs"] = seqs
     if batched is not None:
         engine["max_num_batched_tokens"] = batched
     serving = baseline.serving.model_copy(update={"benchmark_mode": True})
-    return baseline.model_copy(update={"engine": engine, "serving": serving})
+    return baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
+
+
+def measurement_order(seqs: Sequence[int], batched: Sequence[int], defaults: tuple[int, int],
+                      order_seed: int) -> list[tuple[str, int | None, int | None]]:
+    """The baseline first, then every other grid point in a seeded random order (a slow
+    period of the shared machine then does not line up with one corner of the grid)."""
+    rest = [(f"s{s}-b{b}", s, b) for s, b in itertools.product(seqs, batched) if (s, b) != defaults]
+    rng = np.random.default_rng(order_seed)
+    return [(BASELINE_LABEL, None, None)] + [rest[i] for i in rng.permutation(len(rest))]
+
+
+def keep_small(trial_dir: Path) -> None:
+    """The table keeps what the replay and a reader need: outcome.json (the ladder's steps are
+    in it), config.yaml, summary.json, server_metrics.json, server.log."""
+    for name in ("requests.jsonl", "ladder.json"):
+        (trial_dir / name).unlink(missing_ok=True)
 
 
 def measure(args: argparse.Namespace) -> int:
+    if args.objective == "capacity":
+        return measure_capacity(args)
+    return measure_goodput(args)
+
+
+def measure_capacity(args: argparse.Namespace) -> int:
+    from autotune.cli import build_parser
+    from autotune.first_moves import limiting_slo
+    from autotune.ladder import recorded_rate
     from autotune.objective import Objective, evaluate
+    from autotune.run_cli import plan_defaults, plan_study
     from autotune.trial import TrialRunner
     from server.engine import effective_settings, resolve_engine_config
 
     table_dir = Path(args.table)
     table_path = table_dir / "table.json"
-    tuning, info, slos = window_and_slos(args)
+    # `autotune run --workload TRACE` with every other flag at its default: the same window,
+    # SLOs, ladder settings and baseline as the product's default run.
+    run_args = build_parser().parse_args(["run", "--workload", str(args.trace), "--output-dir", str(table_dir)])
+    plan = plan_study(run_args, study_name="search-grid", output_dir=table_dir, time_budget_s=None)
+    tuning, slos, ladder, baseline = plan["tuning"], plan["slos"], plan["ladder"], plan["baseline"]
+    defaults = plan_defaults(plan)
+    window = plan["workload"]["tuning_window"]
+    settings = {
+        "trace": str(Path(args.trace).resolve().relative_to(ROOT)),
+        "objective": "capacity",
+        "measured_as": "autotune run --workload TRACE (every other flag at its default): one "
+                       "trial = one engine launch + the capacity ladder (autotune.trial.TrialRunner)",
+        "window_start_s": window["start_s"],
+        "window_recorded_s": window["end_s"] - window["start_s"],
+        "window_requests": len(tuning),
+        "recorded_rps": recorded_rate(tuning),
+        "slos": [s.spec() for s in slos],
+        "ladder": ladder.model_dump(),
+        "mode": run_args.mode,
+        "speedup": run_args.speedup,
+        "defaults": defaults,
+        "baseline_engine": stored_engine(baseline.engine),
+        "grid": {"max_num_seqs": list(args.seqs), "max_num_batched_tokens": list(args.batched)},
+        "hint": "the baseline's ladder starts at 1x (unhinted, as trial 0); every other point's "
+                "starts at the baseline's capacity with finer steps (LadderSettings.hinted), as "
+                "`autotune run` starts a trial at the best capacity found so far",
+    }
+    check_powers_of_two(settings)
+    table = Table.model_validate_json(table_path.read_text()) if table_path.exists() else Table(settings=settings)
+    if table.points and table.settings != settings:
+        changed = sorted(k for k in {*settings, *table.settings} if settings.get(k) != table.settings.get(k))
+        raise SystemExit(f"{table_path} was measured with other settings ({', '.join(changed)}); "
+                         f"use another --table")
+    table.settings = settings
+    default_key = (int(defaults["max_num_seqs"]), int(defaults["max_num_batched_tokens"]))
+    order = measurement_order(args.seqs, args.batched, default_key, args.order_seed)
+    done = {p.label for p in table.points}
+    todo = [w for w in order if w[0] not in done]
+    if args.max_points is not None:
+        todo = todo[: args.max_points]
+    say(f"{len(done)} points measured, {len(todo)} to measure now; window {len(tuning)} requests, "
+        f"{settings['recorded_rps']:.2f} req/s recorded; SLOs {', '.join(settings['slos'])}; ladder "
+        f"{ladder.step_requests} requests / >= {ladder.min_step_s:g} s a step")
+    runner = TrialRunner(
+        mode=run_args.mode,
+        speedup=run_args.speedup,
+        slos=slos,
+        startup_timeout_s=run_args.startup_timeout,
+        stale_registry=table_dir / "servers.json",
+        ladder=ladder,
+        say=say,
+    )
+    objective = Objective(kind="capacity")
+    for label, seqs, batched in todo:
+        base = table.baseline_point()
+        hint = None
+        if label != BASELINE_LABEL and base is not None and base.score > 0:
+            hint = base.score / settings["recorded_rps"]
+        config = point_config(baseline, seqs, batched)
+        effective = effective_settings(resolve_engine_config(config)).model_dump()
+        trial_dir = table_dir / "trials" / label
+        if trial_dir.exists():
+            shutil.rmtree(trial_dir)  # a point cut short earlier is measured again
+        load = os.getloadavg()[0]
+        say(f"{label}: measuring (ladder from x{hint:.3g})" if hint else f"{label}: measuring")
+        started = time.monotonic()
+        with EngineWatch() as watch:
+            outcome = runner.run(config, tuning, trial_dir, start_speedup=hint)
+        wall = time.monotonic() - started
+        evaluation = evaluate(outcome, objective, slos)
+        capacity = outcome.capacity
+        point = Point(
+            label=label,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=batched,
+            effective={k: effective[k] for k in ("max_num_seqs", "max_num_batched_tokens",
+                                                  "gpu_memory_utilization", "enforce_eager")},
+            baseline=label == BASELINE_LABEL,
+            ok=outcome.ok,
+            failure=outcome.failure,
+            failure_detail=outcome.failure_detail,
+            score=evaluation.score,
+            feasible=evaluation.feasible,
+            measured_ms=evaluation.measured_ms,
+            throughput=None if outcome.summary is None else outcome.summary.request_throughput,
+            completed=None if outcome.summary is None else outcome.summary.completed,
+            failed=None if outcome.summary is None else outcome.summary.failed,
+            wall_s=wall,
+            timing=None if outcome.timing is None else outcome.timing.model_dump(),
+            load_1min_before=load,
+            other_engine_share=watch.report()["share_with_foreign_engine"],
+            measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            trial_dir=relative_dir(trial_dir),
+            capacity_rps=evaluation.capacity_rps,
+            headroom=evaluation.headroom,
+            bracketed=None if capacity is None else capacity.bracketed,
+            ladder_steps=None if capacity is None else len(capacity.steps),
+            start_speedup=hint,
+            limiting_slo=None if capacity is None else limiting_slo(capacity, slos),
+        )
+        table.points = [p for p in table.points if p.label != label] + [point]
+        write_json_atomic(table_path, table.model_dump(mode="json"))
+        keep_small(trial_dir)
+        say(f"{label}: capacity {point.score:.3g} req/s ({fmt(point.headroom)}x the recorded rate, "
+            f"{point.ladder_steps} steps, {'bracketed' if point.bracketed else 'not bracketed'}, "
+            f"{point.limiting_slo or 'no SLO'} broke first), {'ok' if point.ok else point.failure}; "
+            f"cost {wall:.1f} s (load {load:.1f}, another engine ran {point.other_engine_share:.0%} of it)")
+    say(f"table: {len(table.points)} points, {len(order) - len(table.points)} still to measure -> {table_path}")
+    return 0
+
+
+def stored_engine(engine: dict[str, Any]) -> dict[str, Any]:
+    """The baseline's engine arguments, a model folder inside the repository written relative
+    to it (the table then reads the same from any checkout)."""
+    model = Path(str(engine.get("model", "")))
+    if engine.get("model") and model.is_dir():
+        return {**engine, "model": relative_dir(model)}
+    return dict(engine)
+
+
+def relative_dir(folder: Path) -> str:
+    resolved = folder.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+
+
+def measure_goodput(args: argparse.Namespace) -> int:
+    """The older table: one timed replay of a 15 s window per point, scored by goodput."""
+    from autotune.objective import Objective, default_slos, evaluate
+    from autotune.trial import TrialRunner
+    from server.config import ServerConfig, default_engine_settings
+    from server.engine import effective_settings, resolve_engine_config
+    from workloads.trace import load_trace
+    from workloads.windows import select_windows
+
+    table_dir = Path(args.table)
+    table_path = table_dir / "table.json"
+    trace = load_trace(args.trace)
+    tuning, _, info = select_windows(trace, args.window_s * args.speedup, 20.0)
+    slos = default_slos("cpu")
     settings = {
         "trace": str(Path(args.trace).resolve().relative_to(ROOT)),
         "window_recorded_s": args.window_s * args.speedup,
@@ -152,33 +368,21 @@ def measure(args: argparse.Namespace) -> int:
     if table.points and table.settings != settings:
         raise SystemExit(f"{table_path} was measured with other settings; use another --table")
     table.settings = settings
-    baseline = baseline_config()
-    wanted: list[tuple[str, int | None, int | None]] = [(BASELINE_LABEL, None, None)]
-    wanted += [(f"s{s}-b{b}", s, b) for s, b in itertools.product(args.seqs, args.batched)]
-    # Measured in a seeded random order: a slow period of the shared machine then does not
-    # line up with one corner of the grid.
-    rng = np.random.default_rng(args.order_seed)
-    order = [wanted[0]] + [wanted[1:][i] for i in rng.permutation(len(wanted) - 1)]
+    baseline = ServerConfig(engine=default_engine_settings())
+    order = measurement_order(args.seqs, args.batched, (0, 0), args.order_seed)
     done = {p.label for p in table.points}
     todo = [w for w in order if w[0] not in done]
     if args.max_points is not None:
         todo = todo[: args.max_points]
-    say(f"{len(done)} points measured, {len(todo)} to measure now; window {len(tuning)} requests "
-        f"in {args.window_s:g} s (speedup {args.speedup:g}), SLOs {', '.join(s.spec() for s in slos)}")
-    runner = TrialRunner(
-        mode="timed",
-        speedup=args.speedup,
-        slos=slos,
-        request_timeout_s=args.request_timeout,
-        stale_registry=table_dir / "servers.json",
-    )
+    runner = TrialRunner(mode="timed", speedup=args.speedup, slos=slos,
+                         request_timeout_s=args.request_timeout, stale_registry=table_dir / "servers.json")
     objective = Objective(kind="goodput")
     for label, seqs, batched in todo:
         config = point_config(baseline, seqs, batched)
         effective = effective_settings(resolve_engine_config(config)).model_dump()
         trial_dir = table_dir / "trials" / label
         if trial_dir.exists():
-            shutil.rmtree(trial_dir)  # a point cut short earlier is measured again
+            shutil.rmtree(trial_dir)
         load = os.getloadavg()[0]
         started = time.monotonic()
         with EngineWatch() as watch:
@@ -187,39 +391,24 @@ def measure(args: argparse.Namespace) -> int:
         evaluation = evaluate(outcome, objective, slos)
         summary = outcome.summary
         point = Point(
-            label=label,
-            max_num_seqs=seqs,
-            max_num_batched_tokens=batched,
+            label=label, max_num_seqs=seqs, max_num_batched_tokens=batched,
             effective={k: effective[k] for k in ("max_num_seqs", "max_num_batched_tokens",
                                                   "gpu_memory_utilization", "enforce_eager")},
-            baseline=seqs is None,
-            ok=outcome.ok,
-            failure=outcome.failure,
-            failure_detail=outcome.failure_detail,
-            score=evaluation.score,
-            feasible=evaluation.ok and evaluation.feasible,
-            measured_ms=evaluation.measured_ms,
+            baseline=seqs is None, ok=outcome.ok, failure=outcome.failure,
+            failure_detail=outcome.failure_detail, score=evaluation.score,
+            feasible=evaluation.ok and evaluation.feasible, measured_ms=evaluation.measured_ms,
             throughput=None if summary is None else summary.request_throughput,
             completed=None if summary is None else summary.completed,
-            failed=None if summary is None else summary.failed,
-            wall_s=wall,
+            failed=None if summary is None else summary.failed, wall_s=wall,
             timing=None if outcome.timing is None else outcome.timing.model_dump(),
-            load_1min_before=load,
-            other_engine_share=watch.report()["share_with_foreign_engine"],
-            measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-            trial_dir=str(trial_dir.resolve().relative_to(ROOT)) if trial_dir.resolve().is_relative_to(ROOT) else str(trial_dir),
+            load_1min_before=load, other_engine_share=watch.report()["share_with_foreign_engine"],
+            measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), trial_dir=relative_dir(trial_dir),
         )
         table.points = [p for p in table.points if p.label != label] + [point]
         write_json_atomic(table_path, table.model_dump(mode="json"))
-        for name in ("requests.jsonl",):  # keep the table folder small; summary.json stays
-            (trial_dir / name).unlink(missing_ok=True)
-        say(f"{label}: goodput {point.score:.2f} req/s, feasible {point.feasible}, "
-            f"{'ok' if point.ok else point.failure}, "
-            + ", ".join(f"{k} {fmt(v)}" for k, v in point.measured_ms.items())
-            + f"; cost {wall:.1f} s (load {load:.1f}, another engine ran "
-              f"{point.other_engine_share:.0%} of it)")
-    missing = len(order) - len(table.points)
-    say(f"table: {len(table.points)} points, {missing} still to measure -> {table_path}")
+        (trial_dir / "requests.jsonl").unlink(missing_ok=True)
+        say(f"{label}: goodput {point.score:.2f} req/s, feasible {point.feasible}; cost {wall:.1f} s")
+    say(f"table: {len(table.points)} points, {len(order) - len(table.points)} still to measure -> {table_path}")
     return 0
 
 
@@ -237,15 +426,18 @@ class VirtualClock:
 
 
 class TableRunner:
-    """Answers a trial with the measured outcome of its grid point (autotune.study.Runner)."""
+    """Answers a trial with the measured outcome of its grid point (autotune.study.Runner).
+
+    A capacity outcome's ladder is also written to the trial folder as `ladder.json`, where the
+    study reads the baseline's to choose its first moves (as TrialRunner writes it live)."""
 
     def __init__(self, table: Table, clock: VirtualClock, defaults: dict[str, Any]):
         self.points = table.by_key()
         self.clock = clock
         self.defaults = defaults
-        self.calls: list[str] = []
+        self.calls: list[Point] = []
 
-    def run(self, config, window, trial_dir, *, should_prune=None):
+    def run(self, config, window, trial_dir, *, should_prune=None, start_speedup=None):
         from autotune.trial import TrialOutcome
 
         key = (
@@ -254,363 +446,439 @@ class TableRunner:
         )
         point = self.points.get(key)
         if point is None:
-            raise KeyError(f"the table has no point {key}; measure it first")
-        self.calls.append(point.label)
+            raise KeyError(f"the table has no point max_num_seqs={key[0]}, "
+                           f"max_num_batched_tokens={key[1]}; measure it first")
+        self.calls.append(point)
         self.clock.now += point.wall_s
-        outcome_path = ROOT / point.trial_dir / "outcome.json"
-        return TrialOutcome.model_validate_json(outcome_path.read_text())
+        outcome = TrialOutcome.model_validate_json(point.outcome_path().read_text())
+        if outcome.capacity is not None:
+            Path(trial_dir).mkdir(parents=True, exist_ok=True)
+            (Path(trial_dir) / "ladder.json").write_text(outcome.capacity.model_dump_json())
+        return outcome
 
 
-def run_tuner(table: Table, seed: int, n_trials: int, window, slos, defaults) -> list[Point]:
-    """Our tuner over the table: the points it measured, in order."""
-    import optuna
+@dataclasses.dataclass
+class Replay:
+    """What a replayed study needs besides the table: built once per table."""
 
-    from autotune.objective import Objective
+    table: Table
+    objective: Any  # autotune.objective.Objective
+    slos: list[Any]
+    window: Any  # the tuning window (Trace); the study reads it only for ladder hints and ETAs
+    defaults: dict[str, Any]  # vLLM's resolved defaults for the baseline
+    baseline: Any  # ServerConfig
+
+    @classmethod
+    def of(cls, table: Table) -> Replay:
+        from autotune.objective import Objective
+        from server.config import ServerConfig
+        from workloads.slo import parse_slos
+        from workloads.trace import load_trace
+
+        base = table.baseline_point()
+        if base is None:
+            raise SystemExit("the table has no baseline; run `measure` first")
+        engine = table.settings.get("baseline_engine")
+        if engine is None:  # the goodput table predates the stored baseline
+            from server.config import default_engine_settings
+
+            engine = default_engine_settings()
+        trace = load_trace(ROOT / table.settings["trace"])
+        start_ms = float(trace.timestamps_ms[0]) + 1000.0 * float(table.settings["window_start_s"])
+        window = trace.slice_time(start_ms, start_ms + 1000.0 * float(table.settings["window_recorded_s"]))
+        return cls(
+            table=table,
+            objective=Objective(kind=table.objective),
+            slos=parse_slos(table.settings["slos"]),
+            window=window,
+            defaults=dict(table.settings.get("defaults") or base.effective),
+            baseline=ServerConfig(engine=engine),
+        )
+
+
+def replay_space(table: Table):
     from autotune.space import ParamSpec, SearchSpace
-    from autotune.study import StudyOptions, TuningStudy
 
+    check_powers_of_two(table.settings)
     grid = table.settings["grid"]
-    for name, values in grid.items():
-        powers = [2**k for k in range(int(math.log2(min(values))), int(math.log2(max(values))) + 1)]
-        if sorted(values) != powers:
-            raise SystemExit(f"grid {name} {values}: the tuner's space is every power of two from "
-                             f"{min(values)} to {max(values)}; measure a grid with all of them")
-    space = SearchSpace(
-        {
-            "max_num_seqs": ParamSpec(type="pow2", low=min(grid["max_num_seqs"]),
-                                      high=max(grid["max_num_seqs"])),
-            "max_num_batched_tokens": ParamSpec(type="pow2", low=min(grid["max_num_batched_tokens"]),
-                                                high=max(grid["max_num_batched_tokens"])),
-        },
+    return SearchSpace(
+        {name: ParamSpec(type="pow2", low=min(values), high=max(values)) for name, values in grid.items()},
         source="the benchmark grid",
     )
+
+
+def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = True) -> list[Point]:
+    """Our tuner over the table (TuningStudy as `autotune run` builds it, the space restricted
+    to the grid); `first_moves=False`: plain TPE from the baseline on. The points it launched."""
+    import optuna
+
+    from autotune.study import StudyOptions, TuningStudy
+
+    class PlainTPEStudy(TuningStudy):
+        """The same study without the first phase of one-knob moves."""
+
+        def queue_first_moves(self, study: optuna.Study) -> None:
+            return None
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     clock = VirtualClock()
-    runner = TableRunner(table, clock, defaults)
+    runner = TableRunner(replay.table, clock, replay.defaults)
     with tempfile.TemporaryDirectory(prefix="search-replay-") as scratch:
         options = StudyOptions(
             study_name=f"replay-{seed}",
             output_dir=Path(scratch),
             n_trials=n_trials,
             seed=seed,
-            prune=False,  # a pruned trial cannot be replayed from a table
-            # Nothing to keep, and the default SQLite file's writes would take 10x the rest.
+            prune=False,  # a pruned goodput trial cannot be replayed (capacity never prunes)
+            # Nothing to keep, and SQLite's writes would take most of the replay's time.
             storage=optuna.storages.InMemoryStorage(),
         )
-        study = TuningStudy(
+        study_class = TuningStudy if first_moves else PlainTPEStudy
+        study = study_class(
             options=options,
-            space=space,
-            objective=Objective(kind="goodput"),
-            slos=slos,
-            baseline=baseline_config(),
+            space=replay_space(replay.table),
+            objective=replay.objective,
+            slos=replay.slos,
+            baseline=replay.baseline,
             baseline_source="vLLM's defaults",
-            tuning_window=window,
-            holdout_window=window,
+            tuning_window=replay.window,
+            holdout_window=replay.window,
             runner=runner,
-            effective_defaults=defaults,
+            effective_defaults=replay.defaults,
             say=lambda _line: None,
             clock=clock,
         )
         study.open()
         study.run_search()
-    points = table.by_key()
-    by_label = {p.label: p for p in points.values()}
-    return [by_label[label] for label in runner.calls]
+    return runner.calls
 
 
-def run_random(table: Table, seed: int, n_trials: int) -> list[Point]:
-    """Plain random search: grid points in a random order, without repeats, no baseline."""
-    grid = [p for p in table.points if not p.baseline]
+def run_random(table: Table, seed: int) -> list[Point]:
+    """Plain random search: every grid point once, in a seeded random order."""
+    grid = table.grid_points()
     rng = np.random.default_rng(seed)
-    return [grid[i] for i in rng.permutation(len(grid))[:n_trials]]
+    return [grid[i] for i in rng.permutation(len(grid))]
 
 
-def trajectory(points: list[Point], goal: float, *, count_baseline: bool = True) -> dict[str, Any]:
-    """Best feasible objective so far after each trial, and when it first reached `goal`.
+def run_grid_order(table: Table) -> list[Point]:
+    """auto_tune.sh: nested loops, max_num_seqs outer, max_num_batched_tokens inner."""
+    return table.grid_points()
 
-    `count_baseline=False`: the baseline trial is charged but its result does not count, so the
-    figures say what the search itself found."""
-    best = 0.0
-    cost = 0.0
-    reached_trials = reached_s = None
-    bests, costs = [], []
-    for index, point in enumerate(points, start=1):
-        cost += point.wall_s
-        if point.feasible and (count_baseline or not point.baseline):
-            best = max(best, point.score)
-        bests.append(best)
-        costs.append(cost)
-        if reached_trials is None and best >= goal:
-            reached_trials, reached_s = index, cost
-    return {"trials_to_target": reached_trials, "seconds_to_target": reached_s, "best": bests,
-            "cost_s": costs, "labels": [p.label for p in points]}
+
+class Run(BaseModel):
+    """One strategy's launches for one seed: cumulative cost and best feasible score."""
+
+    labels: list[str]
+    cost_s: list[float]
+    best: list[float]
+
+    @classmethod
+    def of(cls, points: Sequence[Point]) -> Run:
+        best, cost = 0.0, 0.0
+        bests, costs = [], []
+        for point in points:
+            cost += point.wall_s
+            if point.feasible:
+                best = max(best, point.score)
+            bests.append(best)
+            costs.append(cost)
+        return cls(labels=[p.label for p in points], cost_s=costs, best=bests)
+
+    def reached(self, goal: float) -> tuple[int, float] | None:
+        """(launches, seconds) when the best first reached `goal`; None if it never did."""
+        for index, (best, cost) in enumerate(zip(self.best, self.cost_s, strict=True), start=1):
+            if best >= goal:
+                return index, cost
+        return None
+
+
+def summarize(runs: Sequence[Run], grid_best: float, grid_cost: float) -> dict[str, Any]:
+    """Per target: how many seeds reach it, launches and seconds to it, the share of the grid's
+    cost (unreached counted as infinite, so the median says what half the seeds achieve)."""
+    out: dict[str, Any] = {
+        "seeds": len(runs),
+        "launches": spread([len(r.labels) for r in runs]),
+        "cost_share": spread([r.cost_s[-1] / grid_cost if r.cost_s else 0.0 for r in runs]),
+        "final_over_best": spread([(r.best[-1] if r.best else 0.0) / grid_best for r in runs]),
+    }
+    for target in TARGETS:
+        hits = [r.reached(target * grid_best) for r in runs]
+        got = [h for h in hits if h is not None]
+        shares = [math.inf if h is None else h[1] / grid_cost for h in hits]
+        median = float(np.median(shares)) if shares else math.inf
+        out[f"{target:g}"] = {
+            "seeds_reaching": len(got),
+            "launches": spread([h[0] for h in got]),
+            "seconds": spread([h[1] for h in got]),
+            "share_of_grid_cost": spread([s for s in shares if math.isfinite(s)]),
+            # None: more than half the seeds never reach the target.
+            "median_share_all_seeds": median if math.isfinite(median) else None,
+            "seeds_within_cost_goal": sum(1 for s in shares if s <= COST_GOAL),
+            "shares": [s if math.isfinite(s) else None for s in shares],  # None: never reached
+        }
+    return out
+
+
+def done_when(summary: dict[str, Any]) -> dict[str, Any]:
+    """The issue's done-when on one grid: the median over seeds reaches 0.95x the grid's best
+    within 25% of the grid's cost, and 18 of 20 seeds (90%) do."""
+    at = summary[f"{DONE_TARGET:g}"]
+    seeds = summary["seeds"]
+    median = at["median_share_all_seeds"]
+    needed = math.ceil(SEEDS_GOAL * seeds)
+    within = at["seeds_within_cost_goal"]
+    median_met = median is not None and median <= COST_GOAL
+    return {"median_share": median, "median_met": median_met, "seeds_within": within,
+            "seeds_needed": needed, "seeds_met": within >= needed, "met": median_met and within >= needed}
+
+
+def replay_table(table: Table, seeds: Sequence[int], default_trials: int) -> dict[str, Any]:
+    """Every strategy over one table for every seed."""
+    missing = table.missing()
+    if missing:
+        raise SystemExit(f"the table lacks {len(missing)} grid points (e.g. {missing[0]}); run `measure` first")
+    replay = Replay.of(table)
+    grid = table.grid_points()
+    feasible = [p for p in grid if p.feasible]
+    if not feasible:
+        raise SystemExit("no grid point met the SLOs: there is no best to reach")
+    best_point = max(feasible, key=lambda p: p.score)
+    grid_best, grid_cost = best_point.score, sum(p.wall_s for p in grid)
+    say(f"{table.objective} grid: {len(grid)} points, {len(feasible)} feasible, best {grid_best:.3g} req/s "
+        f"({best_point.label}), cost {grid_cost:.0f} s")
+    long = len(grid)
+    strategies: dict[str, list[list[Point]]] = {
+        f"ours (autotune run defaults: --trials {default_trials})":
+            [run_study(replay, seed, default_trials) for seed in seeds],
+        f"ours, --trials {long}": [run_study(replay, seed, long) for seed in seeds],
+        f"plain TPE, --trials {default_trials}":
+            [run_study(replay, seed, default_trials, first_moves=False) for seed in seeds],
+        f"plain TPE, --trials {long}": [run_study(replay, seed, long, first_moves=False) for seed in seeds],
+        "random (grid in random order)": [run_random(table, seed) for seed in seeds],
+        "grid order (auto_tune.sh; the same every seed)": [run_grid_order(table) for _ in seeds],
+    }
+    results: dict[str, Any] = {}
+    for name, launched in strategies.items():
+        runs = [Run.of(points) for points in launched]
+        results[name] = {**summarize(runs, grid_best, grid_cost), "runs": [r.model_dump() for r in runs]}
+        say(f"  {name}: " + "; ".join(
+            f"{t:g}x: {results[name][f'{t:g}']['seeds_reaching']}/{len(seeds)} seeds, median share "
+            f"{fmt(results[name][f'{t:g}']['median_share_all_seeds'])}" for t in TARGETS))
+    ours = next(iter(results))
+    base = table.baseline_point()
+    return {
+        "objective": table.objective,
+        "settings": table.settings,
+        "grid": {"points": len(grid), "feasible_points": len(feasible), "best_score": grid_best,
+                 "best_point": best_point.label, "cost_s": grid_cost,
+                 "baseline_in_grid": base is not None and base.key in {p.key for p in grid}},
+        "baseline": None if base is None else base.model_dump(),
+        "table": [p.model_dump() for p in table.points],
+        "ours": ours,
+        "done_when": done_when(results[ours]),
+        "strategies": results,
+    }
 
 
 def replay(args: argparse.Namespace) -> int:
-    import optuna
+    from autotune.run_cli import DEFAULT_TRIALS
 
-    from autotune.run_cli import resolve_defaults
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    recorder = Recorder("search_efficiency", "Search efficiency: grid vs our tuner vs random search (item 3)",
-                        "quick" if args.quick else "full")
-    table = Table.model_validate_json((Path(args.table) / "table.json").read_text())
-    window, _, slos = window_and_slos(argparse.Namespace(**{**vars(args), **{
-        "trace": ROOT / table.settings["trace"], "window_s": table.settings["window_wall_s"],
-        "speedup": table.settings["speedup"]}}))
-    defaults = resolve_defaults(baseline_config())
-    grid = [p for p in table.points if not p.baseline]
-    expected = len(table.settings["grid"]["max_num_seqs"]) * len(table.settings["grid"]["max_num_batched_tokens"])
-    if len(grid) != expected:
-        raise SystemExit(f"the table has {len(grid)} of {expected} grid points; run `measure` first")
-    feasible = [p for p in grid if p.feasible]
-    grid_best = max((p.score for p in feasible), default=0.0)
-    best_point = max(feasible, key=lambda p: p.score) if feasible else None
-    grid_cost = sum(p.wall_s for p in grid)
-    goal = TARGET * grid_best
-    say(f"grid: {len(grid)} points, {len(feasible)} feasible, best {grid_best:.3f} req/s "
-        f"({best_point.label if best_point else '-'}), cost {grid_cost:.0f} s; target {goal:.3f}")
-    if not feasible:
-        raise SystemExit("no grid point met the SLOs: there is no best to reach; measure at a lower "
-                         "rate (--speedup) or check the machine's load")
-
+    recorder = Recorder("search_efficiency", "Search efficiency: our tuner vs plain TPE, random search "
+                        "and the grid, on measured grids (issue 18)", "quick" if args.quick else "full")
     seeds = list(range(args.seeds))
-    budget_s = COST_GOAL * grid_cost
-    methods: dict[str, dict[str, Any]] = {}
-    long_trials = len(grid)
-    tuner_points = [run_tuner(table, seed, long_trials, window, slos, defaults) for seed in seeds]
-    methods["tuner"] = {"long_runs": [trajectory(p, goal) for p in tuner_points]}
-    # The same runs with the baseline's own result not counted (its cost still is): what the
-    # sampler found, whether or not vLLM's defaults were already good.
-    methods["tuner_search_only"] = {
-        "long_runs": [trajectory(p, goal, count_baseline=False) for p in tuner_points]}
-    methods["random"] = {"long_runs": [trajectory(run_random(table, seed, long_trials), goal)
-                                       for seed in seeds]}
-    # Fixed budgets a user would choose: the tuner run with --trials N (its sampler adapts
-    # its random start-up to N), random search with the same N.
-    budgets = sorted(set(args.budgets))
-    for name in ("tuner", "tuner_search_only", "random"):
-        at_budget = {}
-        for n in budgets:
-            finals, costs, reached, to_target = [], [], [], []
-            for seed in seeds:
-                points = (run_tuner(table, seed, n, window, slos, defaults) if name.startswith("tuner")
-                          else run_random(table, seed, n))
-                t = trajectory(points, goal, count_baseline=name != "tuner_search_only")
-                finals.append(t["best"][-1] if t["best"] else 0.0)
-                costs.append(t["cost_s"][-1] if t["cost_s"] else 0.0)
-                reached.append(t["trials_to_target"] is not None)
-                to_target.append(t["seconds_to_target"])
-            got = [c for c in to_target if c is not None]
-            at_budget[str(n)] = {
-                "seconds_to_target_over_grid_cost": spread([c / grid_cost for c in got]),
-                "seeds_reaching_target_within_cost_goal": sum(1 for c in got if c <= budget_s),
-                "final_best": spread(finals),
-                "final_best_over_grid_best": spread([f / grid_best for f in finals]) if grid_best else None,
-                "cost_s": spread(costs),
-                "cost_over_grid_cost": spread([c / grid_cost for c in costs]),
-                "share_of_seeds_reaching_target": float(np.mean(reached)),
-            }
-        methods[name]["budgets"] = at_budget
-    for data in methods.values():
-        runs = data["long_runs"]
-        trials = [r["trials_to_target"] for r in runs]
-        seconds = [r["seconds_to_target"] for r in runs]
-        got = [s for s in seconds if s is not None]
-        data["trials_to_target"] = spread([t for t in trials if t is not None])
-        data["seconds_to_target"] = spread(got)
-        data["cost_fraction_to_target"] = spread([s / grid_cost for s in got])
-        data["seeds_reaching_target"] = len(got)
-        data["seeds_within_cost_goal"] = sum(1 for s in got if s <= budget_s)
-        # Best objective after spending 20% of the grid's cost (trials that fit entirely).
-        within = []
-        for r in runs:
-            fitting = [b for b, c in zip(r["best"], r["cost_s"], strict=True) if c <= budget_s]
-            within.append(fitting[-1] if fitting else 0.0)
-        data["best_within_cost_goal"] = spread(within)
-        data["best_within_cost_goal_over_grid_best"] = spread([w / grid_best for w in within]) if grid_best else None
-    tuner = methods["tuner"]
-    median_fraction = tuner["cost_fraction_to_target"]["median"]
-    goals = [
-        Goal(
-            name="our tuner: cost to reach 0.97x the grid's best / the grid's cost (median over seeds)",
+    grids: dict[str, Any] = {}
+    for table_dir in args.tables:
+        say(f"replaying {table_dir}")
+        grids[relative_dir(Path(table_dir))] = replay_table(load_table(Path(table_dir)), seeds, DEFAULT_TRIALS)
+    goals = []
+    for name, grid in grids.items():
+        done = grid["done_when"]
+        goals.append(Goal(
+            name=f"{name} ({grid['objective']}): ours, share of the grid's cost spent until the best "
+                 f"reaches {DONE_TARGET:g}x the grid's best (median over {len(seeds)} seeds)",
             target=f"<= {COST_GOAL:g}",
-            measured=median_fraction,
-            met=None if median_fraction is None else median_fraction <= COST_GOAL,
-            note=f"{tuner['seeds_within_cost_goal']}/{len(seeds)} seeds within {COST_GOAL:.0%} of the grid cost; "
-                 f"{tuner['seeds_reaching_target']}/{len(seeds)} reach it at all in {long_trials} trials",
-        )
-    ]
-    default_budget = str(min(budgets))
-    at_default = tuner["budgets"][default_budget]
-    goals.append(Goal(
-        name=f"our tuner as `autotune run --trials {default_budget}` (the default): seeds reaching 0.97x "
-             "the grid's best within 20% of the grid's cost",
-        target="all seeds",
-        measured=at_default["seeds_reaching_target_within_cost_goal"] / len(seeds),
-        met=at_default["seeds_reaching_target_within_cost_goal"] == len(seeds),
-        note=f"{at_default['seeds_reaching_target_within_cost_goal']}/{len(seeds)} seeds; random search "
-             f"with {default_budget} trials: "
-             f"{methods['random']['budgets'][default_budget]['seeds_reaching_target_within_cost_goal']}/{len(seeds)}",
-    ))
-    results = {
-        "grid": {
-            "points": len(grid),
-            "feasible_points": len(feasible),
-            "best_score": grid_best,
-            "best_point": best_point.label if best_point else None,
-            "cost_s": grid_cost,
-            "target_score": goal,
-            "cost_goal_s": budget_s,
-        },
-        "baseline": next((p.model_dump() for p in table.points if p.baseline), None),
-        "table": [p.model_dump(exclude={"trial_dir"}) for p in table.points],
-        "table_settings": table.settings,
-        "methods": methods,
-    }
+            measured=done["median_share"],
+            met=done["median_met"],
+            note="" if done["median_share"] is not None else "more than half the seeds never reach it",
+        ))
+        goals.append(Goal(
+            name=f"{name} ({grid['objective']}): seeds of ours reaching {DONE_TARGET:g}x within "
+                 f"{COST_GOAL:.0%} of the grid's cost",
+            target=f">= {done['seeds_needed']}/{len(seeds)}",
+            measured=done["seeds_within"],
+            met=done["seeds_met"],
+        ))
     notes = [
         "Tabular benchmark: every grid point was measured once for real on the CPU engine "
-        "(`measure`); the tuner and random search were then REPLAYED over that measured table: "
-        "each trial gets the measured outcome of its point and is charged that point's measured "
-        "wall-clock cost (engine start, warm-up, window, teardown). No engine ran during the replay.",
-        "Our tuner = autotune.study.TuningStudy as `autotune run` builds it (TPE, multivariate, "
-        "group, seeded; the baseline first; SLOs as constraints) with the search space restricted to "
-        "the grid (max_num_seqs and max_num_batched_tokens as powers of two) and the pruner off "
-        "(pruning stops a trial part-way, which a table of whole measurements cannot replay; in a "
-        "live run it makes bad trials cheaper than charged here).",
-        "The tuner's first trial is the baseline (vLLM's defaults, max_num_seqs "
-        f"{defaults.get('max_num_seqs')} / max_num_batched_tokens {defaults.get('max_num_batched_tokens')}), "
-        "which is not a grid point; it is charged its own measured cost. TPE may propose a point "
-        "twice; each proposal is charged again.",
-        "tuner_search_only: the tuner's runs with the baseline's result not counted toward the best "
-        "(its cost still is): what the sampler itself found.",
-        "Budgets: in the long runs (as many trials as grid points) the tuner's TPE starts with 10 "
-        "random trials (autotune.study: min(10, trials / 3), at least 3), drawn with repeats; with "
-        "--trials 6 or 10 it starts with 3 and models the rest.",
-        "Random search = the grid points in a seeded random order, without repeats (the strongest "
-        "plain random search on a finite grid); no baseline.",
-        "Grid cost = the sum of every grid point's measured cost: measuring every point once, as "
-        "vLLM's benchmarks/auto_tune/auto_tune.sh does (auto_tune.sh also sweeps request rates per "
-        "point; here every method uses the same single measurement per point).",
-        "Other users' vLLM engines ran on this shared 2-CPU machine during part of some points' "
-        "measurements (table[].other_engine_share, table[].load_1min_before): those points "
-        "measured slower than they would alone.",
-        "Each point was measured once, so the table carries measurement noise (the DESIGN notes "
-        "~8% run-to-run on GPU; more on this shared CPU machine): 'the grid's best' is the best "
-        "single measurement, and a live tuner would face that noise on every trial.",
+        "(`measure`); the strategies were then REPLAYED over the measured table: each trial gets "
+        "the measured outcome of its point (for capacity, the whole ladder: the first moves read "
+        "the baseline's ladder as they would live) and is charged that point's measured wall-clock "
+        "cost (engine start, warm-up, ladder or window, teardown) on a virtual clock. No engine ran "
+        "during the replay. On CPU the 'GPU-seconds' of the issue are these engine wall-seconds.",
+        f"Ours = autotune.study.TuningStudy as `autotune run` builds it with its defaults: "
+        f"--trials {DEFAULT_TRIALS} (the baseline included), the objective and SLOs the table was "
+        f"measured with (capacity: the default objective and CPU SLOs), seeds 0-{len(seeds) - 1} "
+        f"(`--seed N`; 0 is the default). The search space is the grid itself (each knob every power "
+        f"of two from its lowest to its highest grid value): `autotune run`'s default space is "
+        f"wider than any measured grid. The gate is not replayed.",
+        "First moves (autotune.first_moves) need a capacity ladder: on the goodput table they "
+        "never fire, and ours is plain TPE there.",
+        "Plain TPE = the same study without the first moves (baseline first, then TPE). Random = "
+        "every grid point once in a seeded random order. Grid order = every point in auto_tune.sh's "
+        "nested-loop order (max_num_seqs outer); it is the same every seed.",
+        "A re-proposed point is charged again and returns the same measurement (a live run would "
+        "measure it again, with noise). Each point was measured once: the grid's best is the best "
+        "single measurement, and a live tuner faces that noise on every trial.",
+        "Capacity tables: the baseline's ladder started at 1x; every other point's at the baseline's "
+        "capacity (finer steps), as `autotune run` starts a trial at the best capacity so far; a live "
+        "trial started from a better best would take a few more or fewer steps than charged here.",
+        "Grid cost = the sum of every grid point's measured cost (measuring every point once, as "
+        "vLLM's benchmarks/auto_tune/auto_tune.sh does). When vLLM's defaults are a grid point, "
+        "the baseline is that point.",
+        "Median share over all seeds: a seed that never reaches the target counts as infinite.",
     ]
     result = recorder.result(
-        settings={"seeds": len(seeds), "long_run_trials": long_trials, "budgets": budgets,
-                  "table": str(Path(args.table)), **table.settings},
+        settings={"seeds": len(seeds), "targets": list(TARGETS), "cost_goal": COST_GOAL,
+                  "default_trials": DEFAULT_TRIALS, "tables": list(grids)},
         goals=goals,
-        results=results,
+        results={"grids": grids},
         notes=notes,
     )
-    recorder.write(result, tables(results, seeds))
-    say(f"tuner: median cost to target {fmt(median_fraction)} of the grid; random: "
-        f"{fmt(methods['random']['cost_fraction_to_target']['median'])}")
+    recorder.write(result, tables(grids, len(seeds)))
+    for name, grid in grids.items():
+        done = grid["done_when"]
+        say(f"{name}: done-when {'met' if done['met'] else 'NOT met'} (median share "
+            f"{fmt(done['median_share'])}, {done['seeds_within']}/{len(seeds)} seeds within {COST_GOAL:.0%})")
     return 0
 
 
-def tables(results: dict, seeds: list[int]) -> str:
-    grid = results["grid"]
-    settings = results["table_settings"]
-    lines = [
-        "## Setup", "",
-        f"Window: {settings['window_requests']} requests of `{settings['trace']}` "
-        f"({settings['window_recorded_s']:g} s recorded, replayed {settings['speedup']:g}x faster: "
-        f"{settings['window_wall_s']:g} s, {settings['window_rate_rps']:.1f} req/s), objective "
-        f"goodput under {', '.join(settings['slos'])}; request timeout {settings['request_timeout_s']:g} s.",
-        "",
-        "## The measured table (goodput req/s; * = misses an SLO or failed; cost s in brackets)", "",
-    ]
-    points = {(p["max_num_seqs"], p["max_num_batched_tokens"]): p for p in results["table"]}
-    batched = settings["grid"]["max_num_batched_tokens"]
-    rows = []
-    for s in settings["grid"]["max_num_seqs"]:
-        row = [f"max_num_seqs {s}"]
-        for b in batched:
-            p = points.get((s, b))
-            row.append("-" if p is None else f"{p['score']:.2f}{'' if p['feasible'] else '*'} ({p['wall_s']:.0f})")
-        rows.append(row)
-    lines += md_table(["", *[f"batched {b}" for b in batched]], rows)
-    base = results["baseline"]
-    if base:
-        lines += ["", f"Baseline (vLLM defaults: max_num_seqs {base['effective']['max_num_seqs']}, "
-                      f"max_num_batched_tokens {base['effective']['max_num_batched_tokens']}): goodput "
-                      f"{base['score']:.2f} req/s{'' if base['feasible'] else ' (misses an SLO)'}, "
-                      f"cost {base['wall_s']:.0f} s."]
-    lines += ["", f"Grid: {grid['points']} points, {grid['feasible_points']} feasible, best "
-                  f"{grid['best_score']:.3f} req/s ({grid['best_point']}), cost {grid['cost_s']:.0f} s "
-                  f"({grid['cost_s'] / 60:.1f} min). Target: 0.97x best = {grid['target_score']:.3f} req/s.", ""]
-    lines += ["## To reach 0.97x the grid's best (median over seeds, min-max)", ""]
-    rows = []
-    for name, data in results["methods"].items():
-        t, s, f = data["trials_to_target"], data["seconds_to_target"], data["cost_fraction_to_target"]
-        rows.append([
-            name,
-            f"{data['seeds_reaching_target']}/{len(seeds)}",
-            "-" if t["median"] is None else f"{t['median']:g} ({t['min']:g}-{t['max']:g})",
-            "-" if s["median"] is None else f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})",
-            "-" if f["median"] is None else f"{f['median']:.2f} ({f['min']:.2f}-{f['max']:.2f})",
-            f"{data['seeds_within_cost_goal']}/{len(seeds)}",
-            f"{data['best_within_cost_goal_over_grid_best']['median']:.3f}",
-        ])
-    rows.append(["grid (auto_tune.sh)", "1/1", f"{grid['points']}", f"{grid['cost_s']:.0f}", "1.00", "0/1", "-"])
-    lines += md_table(
-        ["method", "seeds reaching it", "trials", "seconds", "share of grid cost",
-         "seeds within 20% of grid cost", "best within 20% of grid cost / grid best (median)"],
-        rows,
-    )
-    lines += ["", "## Objective each method ends with at a fixed number of trials "
-                  "(best feasible goodput / grid best; median, min-max over seeds)", ""]
-    rows = []
-    for name, data in results["methods"].items():
-        for n, b in data["budgets"].items():
-            r = b["final_best_over_grid_best"]
-            c = b["cost_over_grid_cost"]
-            rows.append([name, n, f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})",
-                         f"{b['final_best']['median']:.3f}",
-                         f"{c['median']:.2f} ({c['min']:.2f}-{c['max']:.2f})",
-                         f"{b['share_of_seeds_reaching_target']:.0%}",
-                         f"{b['seeds_reaching_target_within_cost_goal']}/{len(seeds)}"])
-    lines += md_table(["method", "trials", "final best / grid best", "final best req/s",
-                       "cost / grid cost", "seeds reaching 0.97x", "... within 20% of grid cost"], rows)
+def tables(grids: dict[str, Any], seeds: int) -> str:
+    lines: list[str] = []
+    for name, grid in grids.items():
+        settings = grid["settings"]
+        objective = grid["objective"]
+        lines += [f"## `{name}`: {objective} grid", ""]
+        if objective == "capacity":
+            ladder = settings["ladder"]
+            lines += [
+                f"Measured as {settings['measured_as']}. Tuning window: {settings['window_requests']} "
+                f"requests of `{settings['trace']}` ({settings['window_recorded_s']:.0f} s recorded, "
+                f"{settings['recorded_rps']:.2f} req/s); SLOs {', '.join(settings['slos'])}; ladder "
+                f"{ladder['step_requests']} requests and >= {ladder['min_step_s']:g} s a step, growth "
+                f"x{ladder['growth']:g}, resolution {ladder['resolution']:.0%}.", "",
+                "Capacity req/s (cost s, ladder steps, the SLO that broke first):", ""]
+        else:
+            lines += [
+                f"Window: {settings['window_requests']} requests of `{settings['trace']}` "
+                f"({settings['window_recorded_s']:g} s, {settings['window_rate_rps']:.1f} req/s), goodput "
+                f"under {', '.join(settings['slos'])}. Measured with the older goodput objective; "
+                f"kept and replayed for comparison (vLLM's defaults are already 0.97x of its best, and "
+                f"the first moves need a ladder).", "",
+                "Goodput req/s (* = misses an SLO or failed; cost s):", ""]
+        points = {(p["effective"]["max_num_seqs"], p["effective"]["max_num_batched_tokens"]): p
+                  for p in grid["table"]}
+        batched = sorted(settings["grid"]["max_num_batched_tokens"])
+        rows = []
+        for s in sorted(settings["grid"]["max_num_seqs"]):
+            row = [f"max_num_seqs {s}"]
+            for b in batched:
+                p = points.get((s, b))
+                row.append("-" if p is None else cell(p))
+            rows.append(row)
+        lines += md_table(["", *[f"batched {b}" for b in batched]], rows)
+        base = grid["baseline"]
+        g = grid["grid"]
+        if base:
+            where = "a grid point" if g["baseline_in_grid"] else "not a grid point"
+            lines += ["", f"Baseline (vLLM's defaults: max_num_seqs {base['effective']['max_num_seqs']}, "
+                          f"max_num_batched_tokens {base['effective']['max_num_batched_tokens']}; {where}): "
+                          f"{cell(base)}, {base['score'] / g['best_score']:.2f}x the grid's best."]
+        lines += ["", f"Grid: {g['points']} points, {g['feasible_points']} feasible, best {g['best_score']:.3g} "
+                      f"req/s ({g['best_point']}), cost {g['cost_s']:.0f} s ({g['cost_s'] / 60:.1f} min).", ""]
+        for target in TARGETS:
+            lines += [f"### To reach {target:g}x the grid's best ({target * g['best_score']:.3g} req/s); "
+                      f"median (min-max) over {seeds} seeds", ""]
+            rows = []
+            for strategy, data in grid["strategies"].items():
+                at = data[f"{target:g}"]
+                rows.append([
+                    strategy,
+                    f"{at['seeds_reaching']}/{seeds}",
+                    span(at["launches"], "{:g}"),
+                    span(at["seconds"], "{:.0f}"),
+                    span(at["share_of_grid_cost"], "{:.2f}"),
+                    "never" if at["median_share_all_seeds"] is None else f"{at['median_share_all_seeds']:.2f}",
+                    f"{at['seeds_within_cost_goal']}/{seeds}",
+                ])
+            lines += md_table(["strategy", "seeds reaching it", "launches", "seconds", "share of grid cost",
+                               "median share, all seeds", f"seeds within {COST_GOAL:.0%} of grid cost"], rows)
+            lines.append("")
+        lines += ["### Each strategy's whole run", ""]
+        rows = [[strategy, span(data["launches"], "{:g}"), span(data["cost_share"], "{:.2f}"),
+                 span(data["final_over_best"], "{:.3f}")] for strategy, data in grid["strategies"].items()]
+        lines += md_table(["strategy", "launches", "cost / grid cost", "final best / grid best"], rows)
+        done = grid["done_when"]
+        median = "never" if done["median_share"] is None else f"{done['median_share']:.2f}"
+        lines += ["", f"Done-when ({grid['ours']}): median share of the grid's cost to reach {DONE_TARGET:g}x = "
+                      f"{median} "
+                      f"(goal <= {COST_GOAL:g}); {done['seeds_within']}/{seeds} seeds within {COST_GOAL:.0%} "
+                      f"(goal >= {done['seeds_needed']}): **{'met' if done['met'] else 'not met'}**.", ""]
     return "\n".join(lines)
+
+
+def cell(point: dict[str, Any]) -> str:
+    if point.get("capacity_rps") is not None or point.get("ladder_steps") is not None:
+        mark = "" if point["ok"] else f" {point['failure']}"
+        return (f"{point['score']:.3g}{mark} ({point['wall_s']:.0f} s, {point['ladder_steps']} steps, "
+                f"{point['limiting_slo'] or '-'})")
+    return f"{point['score']:.2f}{'' if point['feasible'] else '*'} ({point['wall_s']:.0f})"
+
+
+def span(stats: dict[str, Any], form: str) -> str:
+    if stats["median"] is None:
+        return "-"
+    return f"{form.format(stats['median'])} ({form.format(stats['min'])}-{form.format(stats['max'])})"
+
+
+def default_table(objective: str, quick: bool) -> Path:
+    name = "search_grid_capacity" if objective == "capacity" else "search_grid"
+    return Path(f"/tmp/{name}_quick") if quick else RESULTS / name
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("measure", "replay"):
-        p = sub.add_parser(name)
-        p.add_argument("--quick", action="store_true",
-                       help=f"grid {QUICK_SEQS} x {QUICK_BATCHED}, 10 s window, table in /tmp")
-        p.add_argument("--table", default=None)
-        p.add_argument("--trace", default=str(TRACE))
-        p.add_argument("--window-s", type=float, default=None, help="wall seconds replayed per trial (default 15; quick 10)")
-        p.add_argument("--speedup", type=float, default=1.0,
-                       help="replay the trace this much faster (1: its recorded 4.5 req/s, which "
-                       "separates good configs from bad ones on the 2-CPU engine)")
-        p.add_argument("--request-timeout", type=float, default=20.0)
-    measure_parser = sub.choices["measure"]
+    measure_parser = sub.add_parser("measure", help="measure every point of a grid on the engine")
+    measure_parser.add_argument("--objective", choices=("capacity", "goodput"), default="capacity")
+    measure_parser.add_argument("--quick", action="store_true",
+                                help=f"grid {QUICK_SEQS} x {QUICK_BATCHED}, table in /tmp")
+    measure_parser.add_argument("--table", default=None, help="default: results/benchmarks/search_grid_capacity "
+                                "(goodput: results/benchmarks/search_grid)")
+    measure_parser.add_argument("--trace", default=str(TRACE))
     measure_parser.add_argument("--max-points", type=int, default=None,
                                 help="measure at most N more points, then stop (resume later)")
     measure_parser.add_argument("--order-seed", type=int, default=0)
-    replay_parser = sub.choices["replay"]
+    measure_parser.add_argument("--window-s", type=float, default=15.0, help="goodput only: wall seconds replayed")
+    measure_parser.add_argument("--speedup", type=float, default=1.0, help="goodput only")
+    measure_parser.add_argument("--request-timeout", type=float, default=20.0, help="goodput only")
+    replay_parser = sub.add_parser("replay", help="replay the strategies over measured tables")
+    replay_parser.add_argument("--table", action="append", default=None, dest="tables",
+                               help="a measured table folder, repeatable (default: every committed one)")
+    replay_parser.add_argument("--quick", action="store_true", help="the quick tables in /tmp, 5 seeds")
     replay_parser.add_argument("--seeds", type=int, default=None, help="default 20 (quick 5)")
-    replay_parser.add_argument("--budgets", type=lambda t: [int(v) for v in t.split(",")], default=None,
-                               help="trial budgets for the fixed-budget table (default 6,10; quick 3,6)")
     args = parser.parse_args()
-    args.seqs = QUICK_SEQS if args.quick else SEQS
-    args.batched = QUICK_BATCHED if args.quick else BATCHED
-    if args.table is None:
-        args.table = "/tmp/search_grid_quick" if args.quick else str(RESULTS / "search_grid")
-    if args.window_s is None:
-        args.window_s = 10.0 if args.quick else 15.0
     if args.command == "measure":
+        quick_or_full = (QUICK_SEQS, QUICK_BATCHED) if args.quick else (
+            (CAPACITY_SEQS, CAPACITY_BATCHED) if args.objective == "capacity" else (GOODPUT_SEQS, GOODPUT_BATCHED))
+        args.seqs, args.batched = quick_or_full
+        args.table = args.table or str(default_table(args.objective, args.quick))
         return measure(args)
     args.seeds = args.seeds or (5 if args.quick else 20)
-    args.budgets = args.budgets or ([3, 6] if args.quick else [6, 10])
+    if args.tables is None:
+        candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
+        args.tables = [str(c) for c in candidates if (c / "table.json").exists()]
+        if not args.tables:
+            raise SystemExit("no measured table: run `measure` first")
     return replay(args)
 
 

@@ -1,0 +1,191 @@
+"""The search benchmark's replay (benchmarks/search_efficiency.py) on a small synthetic capacity
+table: each strategy launches what it should, the figures are computed as the issue defines
+them, and the committed goodput table still replays. No engine runs here."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from autotune.ladder import CapacityResult, LadderStep
+from autotune.scraper import ServerMetrics
+from autotune.trial import TrialOutcome
+from workloads.replay import ReplaySummary
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = {"max_num_seqs": [4, 8, 16], "max_num_batched_tokens": [512, 1024, 2048]}
+DEFAULTS = {"max_num_seqs": 16, "max_num_batched_tokens": 2048}  # vLLM's, here a grid point
+SLOS = ["ttft_p95_ms=1000", "tpot_p95_ms=100"]
+POINT_S = 100.0  # every point costs this much: the grid's cost is 900 s
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    """benchmarks/search_efficiency.py, imported as its scripts import each other."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "benchmarks"))
+        return importlib.import_module("search_efficiency")
+
+
+def capacity_of(seqs: int, batched: int) -> float:
+    """Peaks at 16 sequences and 512 batched tokens (10 req/s); the defaults carry 6."""
+    return max(0.0, 10.0 - 2.0 * abs(math.log2(batched / 512)) - 3.0 * abs(math.log2(seqs / 16)))
+
+
+def ladder(rps: float) -> CapacityResult:
+    """A ladder whose TPOT breaks first above the capacity (as with big prefill chunks)."""
+    summary = ReplaySummary(duration=1, completed=60, failed=0, total_input_tokens=1, total_output_tokens=1,
+                            request_throughput=1, output_throughput=1, total_token_throughput=1)
+    steps = [
+        LadderStep(index=0, speedup=rps, offered_rps=rps, requests=60, passed=True, reason="",
+                   measured_ms={SLOS[0]: 400.0, SLOS[1]: 80.0}, summary=summary, seconds=6,
+                   server=ServerMetrics(num_waiting_max=0, num_running_max=4)),
+        LadderStep(index=1, speedup=rps * 1.1, offered_rps=rps * 1.1, requests=60, passed=False, reason="",
+                   measured_ms={SLOS[0]: 500.0, SLOS[1]: 150.0}, summary=summary, seconds=6),
+    ]
+    if rps <= 0:
+        steps = steps[1:]
+    return CapacityResult(capacity_rps=rps, capacity_speedup=rps or None, recorded_rps=1.0,
+                          first_fail_rps=rps * 1.1, bracketed=rps > 0, steps=steps)
+
+
+def write_table(bench: ModuleType, folder: Path) -> Path:
+    """A measured capacity table as `measure` writes it, every point costing POINT_S."""
+    points = []
+    for seqs in GRID["max_num_seqs"]:
+        for batched in GRID["max_num_batched_tokens"]:
+            baseline = (seqs, batched) == (DEFAULTS["max_num_seqs"], DEFAULTS["max_num_batched_tokens"])
+            label = "baseline" if baseline else f"s{seqs}-b{batched}"
+            trial_dir = folder / "trials" / label
+            trial_dir.mkdir(parents=True)
+            rps = capacity_of(seqs, batched)
+            outcome = TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=ladder(rps))
+            (trial_dir / "outcome.json").write_text(outcome.model_dump_json())
+            points.append(point(bench, label, seqs, batched, rps, trial_dir, baseline=baseline))
+    settings: dict[str, Any] = {
+        "trace": "workloads/samples/translation_trace.jsonl", "objective": "capacity",
+        "window_start_s": 300.0, "window_recorded_s": 30.0, "slos": SLOS, "defaults": DEFAULTS,
+        "baseline_engine": {"model": "tiny"}, "grid": GRID,
+    }
+    table = bench.Table(settings=settings, points=points)
+    (folder / "table.json").write_text(table.model_dump_json())
+    return folder
+
+
+def point(bench: ModuleType, label: str, seqs: int, batched: int, rps: float, trial_dir: Path,
+          *, baseline: bool = False) -> Any:
+    return bench.Point(
+        label=label, max_num_seqs=None if baseline else seqs, max_num_batched_tokens=None if baseline else batched,
+        effective={"max_num_seqs": seqs, "max_num_batched_tokens": batched}, baseline=baseline, ok=True,
+        failure=None, failure_detail=None, score=rps, feasible=rps > 0, measured_ms={}, throughput=None,
+        completed=None, failed=None, wall_s=POINT_S, timing=None, load_1min_before=0.0,
+        measured_at="2026-11-23T00:00:00", trial_dir=str(trial_dir), capacity_rps=rps, ladder_steps=2,
+    )
+
+
+@pytest.fixture()
+def table(bench: ModuleType, tmp_path: Path) -> Any:
+    return bench.load_table(write_table(bench, tmp_path / "grid"))
+
+
+def test_ours_moves_from_the_baseline_ladder_and_finds_the_peak_on_the_second_launch(bench, table) -> None:
+    launched = bench.run_study(bench.Replay.of(table), seed=0, n_trials=6)
+    # TPOT broke first in the baseline's ladder: a quarter of the prefill budget first.
+    assert [p.label for p in launched[:2]] == ["baseline", "s16-b512"]
+    assert len(launched) == 6
+    run = bench.Run.of(launched)
+    assert run.reached(0.95 * 10.0) == (2, 2 * POINT_S)
+    assert run.reached(11.0) is None
+
+
+def test_plain_tpe_starts_from_the_baseline_without_the_moves(bench, table) -> None:
+    replay = bench.Replay.of(table)
+    for seed in range(3):
+        launched = bench.run_study(replay, seed=seed, n_trials=6, first_moves=False)
+        assert launched[0].label == "baseline" and len(launched) == 6
+    # Seeded: the same seed replays the same launches.
+    again = [p.label for p in bench.run_study(replay, seed=1, n_trials=6, first_moves=False)]
+    assert again == [p.label for p in bench.run_study(replay, seed=1, n_trials=6, first_moves=False)]
+
+
+def test_random_visits_every_grid_point_once_and_grid_order_is_auto_tune_sh_nesting(bench, table) -> None:
+    labels = {p.label for p in table.grid_points()}
+    first, second = bench.run_random(table, 0), bench.run_random(table, 1)
+    assert sorted(p.label for p in first) == sorted(labels) and len(first) == 9
+    assert [p.label for p in first] != [p.label for p in second]
+    keys = [p.key for p in bench.run_grid_order(table)]
+    assert keys[:4] == [(4, 512), (4, 1024), (4, 2048), (8, 512)] and keys[-1] == (16, 2048)
+
+
+def test_the_table_answers_with_the_ladder_where_the_study_reads_it(bench, table, tmp_path) -> None:
+    from server.config import ServerConfig
+
+    clock = bench.VirtualClock()
+    runner = bench.TableRunner(table, clock, DEFAULTS)
+    outcome = runner.run(ServerConfig(engine={"model": "tiny", "max_num_seqs": 8}), None, tmp_path / "t")
+    assert outcome.capacity.capacity_rps == capacity_of(8, 2048)
+    assert CapacityResult.model_validate_json((tmp_path / "t" / "ladder.json").read_text()) == outcome.capacity
+    assert clock.now == POINT_S
+    with pytest.raises(KeyError, match="max_num_seqs=32"):
+        runner.run(ServerConfig(engine={"model": "tiny", "max_num_seqs": 32}), None, tmp_path / "u")
+
+
+def runs_reaching(bench: ModuleType, shares: list[float | None]) -> list[Any]:
+    """One run per seed reaching the best (1.0) after spending `share` of a 100 s grid (None: never)."""
+    return [bench.Run(labels=["a", "b"], cost_s=[share * 100 if share else 10.0, 100.0],
+                      best=[1.0 if share else 0.5, 1.0 if share else 0.5]) for share in shares]
+
+
+def test_done_when_needs_the_median_and_18_of_20_seeds_within_a_quarter_of_the_grid_cost(bench) -> None:
+    held = bench.done_when(bench.summarize(runs_reaching(bench, [0.2] * 18 + [None] * 2), 1.0, 100.0))
+    assert held == {"median_share": pytest.approx(0.2), "median_met": True, "seeds_within": 18,
+                    "seeds_needed": 18, "seeds_met": True, "met": True}
+    short = bench.done_when(bench.summarize(runs_reaching(bench, [0.2] * 17 + [0.5] * 3), 1.0, 100.0))
+    assert short["median_met"] and not short["seeds_met"] and not short["met"]
+    # More than half the seeds never get there: no median share at all.
+    never = bench.summarize(runs_reaching(bench, [0.1] * 9 + [None] * 11), 1.0, 100.0)
+    assert never["0.95"]["median_share_all_seeds"] is None and never["0.95"]["seeds_reaching"] == 9
+    assert not bench.done_when(never)["met"]
+    assert never["0.95"]["launches"]["median"] == 1
+
+
+def test_replaying_a_table_reports_every_strategy_and_the_done_when(bench, table) -> None:
+    result = bench.replay_table(table, seeds=[0, 1, 2], default_trials=6)
+    assert result["grid"]["best_score"] == 10.0 and result["grid"]["cost_s"] == 9 * POINT_S
+    assert result["grid"]["baseline_in_grid"]
+    strategies = result["strategies"]
+    assert result["ours"] == "ours (autotune run defaults: --trials 6)"
+    assert {"random (grid in random order)", "plain TPE, --trials 6", "ours, --trials 9"} <= set(strategies)
+    ours = strategies[result["ours"]]["0.95"]
+    assert ours["seeds_reaching"] == 3 and ours["median_share_all_seeds"] == pytest.approx(2 / 9)
+    assert result["done_when"]["met"]
+    grid = strategies["grid order (auto_tune.sh; the same every seed)"]["0.95"]
+    assert grid["launches"]["median"] == 7  # (16, 512) comes after the six 4- and 8-sequence points
+    json.dumps(result, allow_nan=False)  # the JSON the benchmark writes holds no Infinity
+    markdown = bench.tables({"grid": result}, 3)
+    assert "Done-when" in markdown and "**met**" in markdown
+
+
+def test_a_grid_with_a_gap_in_its_powers_of_two_is_refused(bench) -> None:
+    with pytest.raises(SystemExit, match="every power of two"):
+        bench.check_powers_of_two({"grid": {"max_num_seqs": [4, 16], "max_num_batched_tokens": [512]}})
+
+
+def test_the_baseline_is_measured_first_and_once(bench) -> None:
+    order = bench.measurement_order([4, 8], [512, 1024], (8, 1024), order_seed=0)
+    assert order[0] == ("baseline", None, None)
+    assert sorted(label for label, _, _ in order[1:]) == ["s4-b1024", "s4-b512", "s8-b512"]
+
+
+def test_the_committed_goodput_table_still_loads_complete(bench) -> None:
+    table = bench.load_table(ROOT / "results" / "benchmarks" / "search_grid")
+    assert table.objective == "goodput" and table.missing() == []
+    assert len(table.grid_points()) == 30
+    base = table.baseline_point()
+    assert base is not None and base.key not in {p.key for p in table.grid_points()}
