@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from autotune.ladder import CapacityResult, LadderStep
+from autotune.ladder import CapacityResult, LadderSettings, LadderStep
 from autotune.scraper import ServerMetrics
 from autotune.trial import TrialOutcome
 from workloads.replay import ReplaySummary
@@ -70,7 +70,9 @@ def write_table(bench: ModuleType, folder: Path) -> Path:
             points.append(point(bench, label, seqs, batched, rps, trial_dir, baseline=baseline))
     settings: dict[str, Any] = {
         "trace": "workloads/samples/translation_trace.jsonl", "objective": "capacity",
-        "window_start_s": 300.0, "window_recorded_s": 30.0, "slos": SLOS, "defaults": DEFAULTS,
+        "measured_as": "a synthetic table", "window_start_s": 300.0, "window_recorded_s": 30.0,
+        "window_requests": 140, "recorded_rps": 4.7, "slos": SLOS,
+        "ladder": LadderSettings.for_accelerator("cpu").model_dump(), "defaults": DEFAULTS,
         "baseline_engine": {"model": "tiny"}, "grid": GRID,
     }
     table = bench.Table(settings=settings, points=points)
