@@ -215,12 +215,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"variants {','.join(QUICK_VARIANTS)}")
     parser.add_argument("--table", default=None, help="search-grid table folder (default: "
-                        "results/benchmarks/search_grid; quick: /tmp/search_grid_quick)")
+                        "results/benchmarks/search_grid; quick: /tmp/search_grid_capacity_quick, which run_all.py --quick measures)")
     parser.add_argument("--variants", default=None)
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (quick 1)")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 2)
-    table_dir = Path(args.table or ("/tmp/search_grid_quick" if args.quick else RESULTS / "search_grid"))
+    table_dir = Path(args.table or ("/tmp/search_grid_capacity_quick" if args.quick else RESULTS / "search_grid"))
     names = [v for v in (args.variants or ",".join(QUICK_VARIANTS if args.quick else VARIANTS)).split(",") if v]
     recorder = Recorder("trial_overhead", "Trial overhead: where a trial's time goes (item 4)",
                         "quick" if args.quick else "full")
