@@ -214,14 +214,19 @@ def measure_capacity(args: argparse.Namespace) -> int:
     table_path = table_dir / "table.json"
     # `autotune run --workload TRACE` with every other flag at its default: the same window,
     # SLOs, ladder settings and baseline as the product's default run.
-    run_args = build_parser().parse_args(["run", "--workload", str(args.trace), "--output-dir", str(table_dir)])
+    # --run-arg adds `autotune run` flags (a GPU grid: --model, --slo, --max-model-len, ...).
+    run_args = build_parser().parse_args(
+        ["run", "--workload", str(args.trace), "--output-dir", str(table_dir), *args.run_args]
+    )
     plan = plan_study(run_args, study_name="search-grid", output_dir=table_dir, time_budget_s=None)
     tuning, slos, ladder, baseline = plan["tuning"], plan["slos"], plan["ladder"], plan["baseline"]
     defaults = plan_defaults(plan)
     window = plan["workload"]["tuning_window"]
     settings = {
-        "trace": str(Path(args.trace).resolve().relative_to(ROOT)),
+        "trace": trace_name(Path(args.trace)),
         "objective": "capacity",
+        # Only when given, so tables measured before the flag existed still resume.
+        **({"run_args": list(args.run_args)} if args.run_args else {}),
         "measured_as": "autotune run --workload TRACE (every other flag at its default): one "
                        "trial = one engine launch + the capacity ladder (autotune.trial.TrialRunner)",
         "window_start_s": window["start_s"],
@@ -888,6 +893,24 @@ def span(stats: dict[str, Any], form: str) -> str:
     return f"{form.format(stats['median'])} ({form.format(stats['min'])}-{form.format(stats['max'])})"
 
 
+def trace_name(trace: Path) -> str:
+    """The trace as the table records it: relative to the repository where it lives in it."""
+    resolved = trace.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+
+
+def powers_list(text: str) -> tuple[int, ...]:
+    """`--seqs 64,128,256`: comma-separated powers of two (argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024") from None
+    bad = [v for v in values if v < 1 or v & (v - 1)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]} is not a power of two")
+    return values
+
+
 def default_table(objective: str, quick: bool) -> Path:
     name = "search_grid_capacity" if objective == "capacity" else "search_grid"
     return Path(f"/tmp/{name}_quick") if quick else RESULTS / name
@@ -903,6 +926,13 @@ def main() -> int:
     measure_parser.add_argument("--table", default=None, help="default: results/benchmarks/search_grid_capacity "
                                 "(goodput: results/benchmarks/search_grid)")
     measure_parser.add_argument("--trace", default=str(TRACE))
+    measure_parser.add_argument("--seqs", type=powers_list, default=None,
+                                help=f"capacity grid's max_num_seqs values (default {CAPACITY_SEQS})")
+    measure_parser.add_argument("--batched", type=powers_list, default=None,
+                                help=f"capacity grid's max_num_batched_tokens values (default {CAPACITY_BATCHED})")
+    measure_parser.add_argument("--run-arg", action="append", default=[], dest="run_args", metavar="FLAG",
+                                help="capacity: an `autotune run` flag for every point, repeatable, "
+                                     "e.g. --run-arg=--model=DIR --run-arg=--slo=ttft_p95_ms=500")
     measure_parser.add_argument("--max-points", type=int, default=None,
                                 help="measure at most N more points, then stop (resume later)")
     measure_parser.add_argument("--order-seed", type=int, default=0)
@@ -918,7 +948,7 @@ def main() -> int:
     if args.command == "measure":
         quick_or_full = (QUICK_SEQS, QUICK_BATCHED) if args.quick else (
             (CAPACITY_SEQS, CAPACITY_BATCHED) if args.objective == "capacity" else (GOODPUT_SEQS, GOODPUT_BATCHED))
-        args.seqs, args.batched = quick_or_full
+        args.seqs, args.batched = args.seqs or quick_or_full[0], args.batched or quick_or_full[1]
         args.table = args.table or str(default_table(args.objective, args.quick))
         return measure(args)
     args.seeds = args.seeds or (5 if args.quick else 20)

@@ -8,21 +8,7 @@
 set -euo pipefail
 kit=${1:?kit dir}; run=${2:?run dir}; shift 2
 source scripts/gpu/env.sh
-mkdir -p "$run"
-python3 -m autotune convert --from azure "$kit/azure_code_2023.csv" "$run/code.jsonl"
-python3 -m autotune generate "$run/generated.jsonl" --like "$run/code.jsonl" --arrivals poisson \
-  --rate 12 --duration-s 600 --seed 0
-# The model's context is 8192 tokens: requests whose prompt + answer exceed it are dropped
-# (counted in the log), since the server would refuse them.
-python3 - "$run/generated.jsonl" "$run/traffic.jsonl" 8192 <<'PY'
-import sys
-from workloads.trace import load_trace, write_trace
-source, target, context = sys.argv[1], sys.argv[2], int(sys.argv[3])
-trace = load_trace(source)
-fits = (trace.input_lengths + trace.output_lengths) <= context
-write_trace(target, trace.subset(fits))
-print(f"kept {int(fits.sum())} of {len(trace)} requests (dropped {int((~fits).sum())} over {context} tokens)")
-PY
+bash scripts/gpu/traffic-8b.sh "$kit" "$run"
 cmd=(python3 -m autotune run --workload "$run/traffic.jsonl"
   --model "$kit/models/llama3.1-8b-shape" --load-format dummy --max-model-len 8192
   --space scripts/gpu/space-8b.yaml ${COMPARE:-}

@@ -7,11 +7,11 @@ set -uo pipefail
 run=${1:?run dir}; wait_s=${2:-480}
 deadline=$(( $(date +%s) + wait_s ))
 while [ "$(date +%s)" -lt "$deadline" ]; do
-  # The tuner has exited (or never started): no point waiting longer.
-  pgrep -f "autotune run" >/dev/null || break
+  # The tuner (or the grid) has exited (or never started): no point waiting longer.
+  pgrep -f "autotune run|search_efficiency.py measure" >/dev/null || break
   sleep 10
 done
-grep -E "step|trial|first move|paid off|gate|Headroom|KEPT|winner|wrote|Error|error" "$run/study.log" | tail -25
+grep -E "step|trial|first move|paid off|gate|Headroom|KEPT|winner|wrote|Error|error" "$run"/*.log | tail -25
 if [ -n "${OUT:-}" ]; then
   tar -C "$(dirname "$run")" -czf "$OUT/run.tar.gz" --exclude='*.db-journal' "$(basename "$run")" \
     && ls -la "$OUT"

@@ -191,3 +191,18 @@ def test_the_committed_goodput_table_still_loads_complete(bench) -> None:
     assert len(table.grid_points()) == 30
     base = table.baseline_point()
     assert base is not None and base.key not in {p.key for p in table.grid_points()}
+
+
+def test_a_grid_axis_is_powers_of_two_and_anything_else_is_named(bench: ModuleType) -> None:
+    assert bench.powers_list("512,1024,2048") == (512, 1024, 2048)
+    with pytest.raises(Exception, match="24 is not a power of two"):
+        bench.powers_list("16,24")
+    with pytest.raises(Exception, match="comma-separated integers"):
+        bench.powers_list("16;32")
+
+
+def test_a_trace_outside_the_repository_is_recorded_by_its_full_path(bench: ModuleType, tmp_path: Path) -> None:
+    inside = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
+    assert bench.trace_name(inside) == "workloads/samples/translation_trace.jsonl"
+    outside = tmp_path / "traffic.jsonl"
+    assert bench.trace_name(outside) == str(outside.resolve())
