@@ -114,8 +114,8 @@ def serving(registry_glob: Callable[[], list[Path]], trial: str) -> list[int] | 
 
 
 def stop_and_watch(process: subprocess.Popen[bytes], sig: signal.Signals, pids: list[int]) -> float:
-    """Send `sig` to the tuner; wait (up to the bound) until it and every pid are gone."""
-    time.sleep(0.5)  # into the warm-up or the measured window
+    """Send `sig` to the tuner, whose trial's server was just seen serving (so the trial is
+    under way); wait (up to the bound) until it and every pid are gone."""
     sent = time.monotonic()
     process.send_signal(sig)
     deadline = sent + GONE_WITHIN_S
