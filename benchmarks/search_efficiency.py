@@ -151,7 +151,27 @@ class Table(BaseModel):
 
 
 def load_table(table_dir: Path) -> Table:
-    return Table.model_validate_json((table_dir / "table.json").read_text())
+    """The table; points measured on another host (a GPU's run folder) read their trial folders
+    from beside the table, where the run folder was copied."""
+    table = Table.model_validate_json((table_dir / "table.json").read_text())
+    for point in table.points:
+        if not point.outcome_path().exists() and (table_dir / "trials" / Path(point.trial_dir).name).is_dir():
+            point.trial_dir = str(table_dir / "trials" / Path(point.trial_dir).name)
+    return table
+
+
+def table_trace(table: Table, table_dir: Path) -> Path:
+    """The trace a table was measured on: where it recorded it (relative to the repository), else
+    the copy `measure` keeps beside a table whose trace lived outside the repository (a GPU host's
+    run folder), so a committed GPU grid replays anywhere."""
+    recorded = ROOT / table.settings["trace"]
+    if recorded.exists():
+        return recorded
+    copy = table_dir / Path(table.settings["trace"]).name
+    if copy.exists():
+        return copy
+    raise SystemExit(f"{table_dir / 'table.json'}: trace {table.settings['trace']} not found, "
+                     f"nor a copy at {copy}")
 
 
 def check_powers_of_two(settings: dict[str, Any]) -> None:
@@ -475,7 +495,7 @@ class Replay:
     baseline: Any  # ServerConfig
 
     @classmethod
-    def of(cls, table: Table) -> Replay:
+    def of(cls, table: Table, table_dir: Path) -> Replay:
         from autotune.objective import Objective
         from server.config import ServerConfig
         from workloads.slo import parse_slos
@@ -489,7 +509,7 @@ class Replay:
             from server.config import default_engine_settings
 
             engine = default_engine_settings()
-        trace = load_trace(ROOT / table.settings["trace"])
+        trace = load_trace(table_trace(table, table_dir))
         start_ms = float(trace.timestamps_ms[0]) + 1000.0 * float(table.settings["window_start_s"])
         window = trace.slice_time(start_ms, start_ms + 1000.0 * float(table.settings["window_recorded_s"]))
         return cls(
@@ -642,12 +662,12 @@ def done_when(summary: dict[str, Any]) -> dict[str, Any]:
             "seeds_needed": needed, "seeds_met": within >= needed, "met": median_met and within >= needed}
 
 
-def replay_table(table: Table, seeds: Sequence[int], default_trials: int) -> dict[str, Any]:
+def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_trials: int) -> dict[str, Any]:
     """Every strategy over one table for every seed."""
     missing = table.missing()
     if missing:
         raise SystemExit(f"the table lacks {len(missing)} grid points (e.g. {missing[0]}); run `measure` first")
-    replay = Replay.of(table)
+    replay = Replay.of(table, table_dir)
     grid = table.grid_points()
     feasible = [p for p in grid if p.feasible]
     if not feasible:
@@ -722,7 +742,8 @@ def replay(args: argparse.Namespace) -> int:
     grids: dict[str, Any] = {}
     for table_dir in args.tables:
         say(f"replaying {table_dir}")
-        grids[relative_dir(Path(table_dir))] = replay_table(load_table(Path(table_dir)), seeds, DEFAULT_TRIALS)
+        grids[relative_dir(Path(table_dir))] = replay_table(load_table(Path(table_dir)), Path(table_dir), seeds,
+                                                               DEFAULT_TRIALS)
     goals = []
     for name, grid in grids.items():
         done = grid["done_when"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -96,8 +97,8 @@ def table(bench: ModuleType, tmp_path: Path) -> Any:
     return bench.load_table(write_table(bench, tmp_path / "grid"))
 
 
-def test_ours_moves_from_the_baseline_ladder_and_finds_the_peak_on_the_second_launch(bench, table) -> None:
-    launched = bench.run_study(bench.Replay.of(table), seed=0, n_trials=6)
+def test_ours_moves_from_the_baseline_ladder_and_finds_the_peak_on_the_second_launch(bench, table, tmp_path) -> None:
+    launched = bench.run_study(bench.Replay.of(table, tmp_path / "grid"), seed=0, n_trials=6)
     # TPOT broke first in the baseline's ladder: a quarter of the prefill budget first.
     assert [p.label for p in launched[:2]] == ["baseline", "s16-b512"]
     assert len(launched) == 6
@@ -106,8 +107,8 @@ def test_ours_moves_from_the_baseline_ladder_and_finds_the_peak_on_the_second_la
     assert run.reached(11.0) is None
 
 
-def test_plain_tpe_starts_from_the_baseline_without_the_moves(bench, table) -> None:
-    replay = bench.Replay.of(table)
+def test_plain_tpe_starts_from_the_baseline_without_the_moves(bench, table, tmp_path) -> None:
+    replay = bench.Replay.of(table, tmp_path / "grid")
     for seed in range(3):
         launched = bench.run_study(replay, seed=seed, n_trials=6, first_moves=False)
         assert launched[0].label == "baseline" and len(launched) == 6
@@ -157,8 +158,25 @@ def test_done_when_needs_the_median_and_18_of_20_seeds_within_a_quarter_of_the_g
     assert never["0.95"]["launches"]["median"] == 1
 
 
-def test_replaying_a_table_reports_every_strategy_and_the_done_when(bench, table) -> None:
-    result = bench.replay_table(table, seeds=[0, 1, 2], default_trials=6)
+def test_a_table_measured_on_another_host_replays_from_the_trace_copy_beside_it(bench, tmp_path) -> None:
+    measured = write_table(bench, tmp_path / "host" / "grid")
+    window = bench.Replay.of(bench.load_table(measured), measured).window
+    # Copied off the host: the trial folders the table names are gone; the copies beside it are read.
+    folder = tmp_path / "grid"
+    shutil.copytree(measured, folder)
+    shutil.rmtree(measured)
+    table = bench.load_table(folder)
+    assert all(p.outcome_path().is_relative_to(folder) for p in table.points)
+    # A GPU host's run folder: the recorded path does not exist here.
+    table.settings["trace"] = "/root/run/traffic.jsonl"
+    with pytest.raises(SystemExit, match=r"grid/table.json: trace /root/run/traffic.jsonl not found"):
+        bench.Replay.of(table, folder)
+    shutil.copy(bench.ROOT / "workloads/samples/translation_trace.jsonl", folder / "traffic.jsonl")
+    assert bench.Replay.of(table, folder).window.timestamps_ms.tolist() == window.timestamps_ms.tolist()
+
+
+def test_replaying_a_table_reports_every_strategy_and_the_done_when(bench, table, tmp_path) -> None:
+    result = bench.replay_table(table, tmp_path / "grid", seeds=[0, 1, 2], default_trials=6)
     assert result["grid"]["best_score"] == 10.0 and result["grid"]["cost_s"] == 9 * POINT_S
     assert result["grid"]["baseline_in_grid"]
     strategies = result["strategies"]
