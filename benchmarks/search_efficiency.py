@@ -27,7 +27,8 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
     .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ...] [--seeds 20]
 
 TABLE defaults to results/benchmarks/search_grid_capacity (goodput: results/benchmarks/search_grid;
-quick: /tmp/...). `replay` defaults to every committed table. Results:
+quick: /tmp/...). `replay` defaults to every committed table: those two and the GPU grids
+(results/h100-DATE/SCENARIO/grid, measured on the GPU host with --table RUN/grid and copied back). Results:
 results/benchmarks/search_efficiency.{json,md} (quick: results/benchmarks/quick/).
 """
 
@@ -763,15 +764,16 @@ def replay(args: argparse.Namespace) -> int:
             met=done["seeds_met"],
         ))
     notes = [
-        "Tabular benchmark: every grid point was measured once for real on the CPU engine "
-        "(`measure`); the strategies were then REPLAYED over the measured table: each trial gets "
+        "Tabular benchmark: every grid point was measured once for real (`measure`: the CPU "
+        "tables on this machine's CPU engine, results/h100-*/*/grid on a lent H100); the strategies were then REPLAYED over the measured table: each trial gets "
         "the measured outcome of its point (for capacity, the whole ladder: the first moves read "
         "the baseline's ladder as they would live) and is charged that point's measured wall-clock "
         "cost (engine start, warm-up, ladder or window, teardown) on a virtual clock. No engine ran "
-        "during the replay. On CPU the 'GPU-seconds' of the issue are these engine wall-seconds.",
+        "during the replay. The 'GPU-seconds' of the issue are these engine wall-seconds (on CPU, "
+        "the CPU engine's).",
         f"Ours = autotune.study.TuningStudy as `autotune run` builds it with its defaults: "
         f"--trials {DEFAULT_TRIALS} (the baseline included), the objective and SLOs the table was "
-        f"measured with (capacity: the default objective and CPU SLOs), seeds 0-{len(seeds) - 1} "
+        f"measured with (capacity: the default objective; CPU SLOs, or the GPU table's own), seeds 0-{len(seeds) - 1} "
         f"(`--seed N`; 0 is the default). The search space is the grid itself (each knob every power "
         f"of two from its lowest to its highest grid value): `autotune run`'s default space is "
         f"wider than any measured grid. The gate is not replayed.",
@@ -790,7 +792,12 @@ def replay(args: argparse.Namespace) -> int:
         "vLLM's benchmarks/auto_tune/auto_tune.sh does). When vLLM's defaults are a grid point, "
         "the baseline is that point.",
         "Median share over all seeds: a seed that never reaches the target counts as infinite.",
-        "The capacity grid was measured on this shared 2-core machine, where the replayer and the "
+        "The H100 grid of the long-prompt scenario (results/h100-2026-11-23c/long-prompts) has 8 "
+        "points: a quarter of its cost is two launches, so a strategy meets the done-when there only "
+        "if its first move after the baseline is the best point. A second launch of 4 of its points "
+        "(grid-repeat beside it) moved the best point from 13.2 to 10.6 req/s while the others "
+        "repeated within 5%: its best is one lucky measurement of a config within noise of the rest.",
+        "The CPU capacity grid was measured on this shared 2-core machine, where the replayer and the "
         "engine share the cores with other work: every ladder step's client ran late (send-lag p99 in "
         "the grid's section) and TTFT broke first at every point. Launches of one config vary by far "
         "more than the 10% goal (results/benchmarks/capacity_repeats.md), so differences between the "
@@ -975,6 +982,8 @@ def main() -> int:
     args.seeds = args.seeds or (5 if args.quick else 20)
     if args.tables is None:
         candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
+        if not args.quick:  # the GPU grids the headline runs commit (results/h100-DATE/SCENARIO/grid)
+            candidates += sorted(RESULTS.parent.glob("h100-*/*/grid"))
         args.tables = [str(c) for c in candidates if (c / "table.json").exists()]
         if not args.tables:
             raise SystemExit("no measured table: run `measure` first")
