@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Stage the offline GPU kit for the lent device machine, one folder per device call.
+# Each call carries the checkout (tracked + untracked files) plus one `.kit` folder, 64 MiB in
+# all; the checkout grows with committed results, so the kit is re-split into parts that fit
+# beside it (4 MiB margin) and the SHA256SUMS is rewritten for the new parts. The last folder
+# also holds install_wheelhouse.sh, the model shapes and the traces.
+# Usage: kit-parts.sh KIT_DIR STAGE_DIR   (KIT_DIR: what ../shared/gpu/build_wheelhouse.sh made)
+# Then per call: rm -rf .kit && cp -rl STAGE_DIR/NN .kit ; carry [".kit"] ; on the device
+# `mkdir -p /root/kit && cp -r .kit/* /root/kit/`; in the last call also
+# `bash /root/kit/install_wheelhouse.sh /root/kit /root/site`.
+set -euo pipefail
+kit=${1:?kit dir}; stage=${2:?stage dir}
+parts_dir=$kit/parts; [ -d "$parts_dir" ] || parts_dir=$kit
+shopt -s nullglob
+parts=("$parts_dir"/kit.tar.part.*)
+[ ${#parts[@]} -gt 0 ] || { echo "kit-parts.sh: no kit.tar.part.* in $parts_dir" >&2; exit 2; }
+tracked_kib=$(git ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1)
+part_mib=$(( (64 * 1024 - tracked_kib) / 1024 - 4 ))
+[ "$part_mib" -ge 8 ] || { echo "kit-parts.sh: the checkout ($tracked_kib KiB) leaves no room for a part" >&2; exit 2; }
+rm -rf "$stage" && mkdir -p "$stage/split"
+cat "${parts[@]}" | split -b "${part_mib}M" -d - "$stage/split/kit.tar.part."
+(cd "$stage/split" && sha256sum kit.tar.part.* > SHA256SUMS)
+last=
+for part in "$stage"/split/kit.tar.part.*; do
+  last=${part##*.}
+  mkdir -p "$stage/$last" && mv "$part" "$stage/$last/"
+done
+mv "$stage/split/SHA256SUMS" "$stage/$last/" && rmdir "$stage/split"
+shared=$(cd "$(dirname "$0")/../../.." && pwd)/shared
+cp -r "$shared/gpu/install_wheelhouse.sh" "$shared/gpu/models" "$shared"/traces/azure_*_2023.csv "$stage/$last/"
+echo "staged $(ls "$stage" | wc -l) calls of <= $part_mib MiB in $stage (checkout $((tracked_kib / 1024)) MiB)"
