@@ -40,6 +40,7 @@ from autotune.scraper import (
 from autotune.signals import stop_reason
 from server.config import ServerConfig
 from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay, write_records
+from workloads.replay_workers import replay_with_workers
 from workloads.slo import SLO
 from workloads.trace import Trace, TraceRequest
 
@@ -185,6 +186,7 @@ class TrialRunner:
         server_command: Sequence[str] | None = None,
         ladder: LadderSettings | None = None,
         say: Callable[[str], None] | None = None,
+        replay_workers: int | Literal["auto"] = "auto",
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -204,6 +206,9 @@ class TrialRunner:
         self.max_error_fraction = max_error_fraction
         self.request_timeout_s = request_timeout_s
         self.server_command = server_command
+        # Replayer processes for the measured window (auto: more than one only at rates one
+        # event loop cannot send on time; workloads.replay_workers).
+        self.replay_workers = replay_workers
         # With a ladder, a trial measures the config's capacity (several rates, one launch)
         # instead of replaying the window once at `speedup`.
         self.ladder = ladder
@@ -291,9 +296,10 @@ class TrialRunner:
             sampler.start()
             started = time.monotonic()
             try:
-                trial.result = await replay(
+                trial.result = await replay_with_workers(
                     window,
                     server.url,
+                    workers=self.replay_workers,
                     mode=self.mode,
                     speedup=self.speedup,
                     slos=self.slos,

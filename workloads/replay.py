@@ -217,7 +217,7 @@ def _stats(values: np.ndarray, name: str) -> dict[str, float | None]:
 
 
 @dataclass(slots=True)
-class _Tally:
+class Tally:
     """A run's values, appended as requests finish, ready to summarise at any moment.
 
     Columns are flat `array('d')`s: adding a record is cheap, and a copy for a progress
@@ -276,10 +276,10 @@ class _Tally:
         if self.slos and request_is_good(record, self.slos):
             self.good += 1
 
-    def copy(self) -> _Tally:
+    def copy(self) -> Tally:
         # One memcpy per column, on the loop: 0.04 ms for 100k token gaps, ~20 ms for 2M
         # (measured here); the percentiles themselves run in the progress thread.
-        return _Tally(
+        return Tally(
             self.slos,
             self.ttft[:],
             self.tpot[:],
@@ -357,7 +357,7 @@ def summarize(
     Completed requests give the latency figures and goodput; failed ones only count;
     cancelled ones (in flight when the run was stopped) are neither; send lag covers all.
     """
-    tally = _Tally(tuple(slos))
+    tally = Tally(tuple(slos))
     count = 0
     for record in records:
         tally.add(record)
@@ -412,7 +412,7 @@ def _one_line(text: str) -> str:
     return flat if len(flat) <= _ERROR_BODY_CHARS else flat[: _ERROR_BODY_CHARS - 3] + "..."
 
 
-class _Replay:
+class ReplayRun:
     """One replay run: the schedule, the requests in flight and the records so far."""
 
     def __init__(
@@ -430,8 +430,14 @@ class _Replay:
         timeout_s: float,
         on_progress: ProgressCallback | None,
         prompts: PromptFactory,
+        indices: np.ndarray | None = None,
+        on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self.trace = trace
+        # A worker process's share of a bigger trace (workloads.replay_workers): request i
+        # here is request indices[i] there, and each record is also handed to on_record.
+        self.indices = indices
+        self.on_record = on_record
         self.session = session
         self.endpoint = endpoint
         self.mode = mode
@@ -444,7 +450,7 @@ class _Replay:
         self.on_progress = on_progress
         self.prompts = prompts
         self.records: list[RequestRecord] = []
-        self.tally = _Tally(tuple(slos))
+        self.tally = Tally(tuple(slos))
         self.in_flight: set[asyncio.Task] = set()
         # Requests sent and not yet recorded: send time and stream (for late counts).
         self.open: dict[int, tuple[float, _Stream]] = {}
@@ -453,12 +459,16 @@ class _Replay:
 
     # -- building and sending one request ------------------------------------------------
 
+    def index_of(self, i: int) -> int:
+        """Request i's index in the whole trace (a worker replays a share of it)."""
+        return i if self.indices is None else int(self.indices[i])
+
     def body(self, i: int) -> bytes:
         trace = self.trace
         out = int(trace.output_lengths[i])
         hash_ids = None if trace.hash_ids is None else trace.hash_ids[i]
         payload: dict = {
-            "prompt": self.prompts.prompt(i, int(trace.input_lengths[i]), hash_ids),
+            "prompt": self.prompts.prompt(self.index_of(i), int(trace.input_lengths[i]), hash_ids),
             "max_tokens": out,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -546,7 +556,7 @@ class _Replay:
         sent_s = sent - self.t0
         # Our own values, already the right types: skip re-validation on the hot path.
         record = RequestRecord.model_construct(
-            index=i,
+            index=self.index_of(i),
             scheduled_s=scheduled_s,
             sent_s=sent_s,
             lag_ms=(sent_s - scheduled_s) * 1e3,
@@ -561,16 +571,13 @@ class _Replay:
         )
         self.records.append(record)
         self.tally.add(record)
+        if self.on_record is not None:
+            self.on_record(record)
 
     # -- schedules ------------------------------------------------------------------------
 
     def _last_index(self) -> int:
-        """How many requests of the trace this run may send (timed mode: within duration)."""
-        n = len(self.trace)
-        if self.mode.kind == "timed" and self.duration_s is not None:
-            cutoff_ms = self.duration_s * 1000.0 * self.speedup
-            n = int(np.searchsorted(self.trace.timestamps_ms, cutoff_ms, side="left"))
-        return n
+        return planned_requests(self.trace, self.mode, self.speedup, self.duration_s)
 
     def _launch(self, i: int, scheduled_s: float, body: bytes) -> None:
         task = asyncio.create_task(self.send(i, scheduled_s, body))
@@ -626,12 +633,12 @@ class _Replay:
             # Percentiles over every token gap so far and the callback (which may write to
             # storage: Optuna's trial.report) run in a worker thread, off the loop that
             # times sends; numpy releases the GIL for the heavy part.
-            late = self._late()
+            late = self.late_counts()
             if await asyncio.to_thread(self._report, elapsed, self.tally.copy(), late):
                 self.stop_requested.set()
                 return
 
-    def _late(self) -> list[int]:
+    def late_counts(self) -> list[int]:
         """Per SLO, requests in flight that already miss it: no first token (TTFT) or no end
         (E2E) although sent longer ago than the threshold. O(requests in flight)."""
         now = time.monotonic()
@@ -645,17 +652,19 @@ class _Replay:
                     late[k] += 1
         return late
 
-    def _report(self, elapsed: float, tally: _Tally, late: list[int]) -> bool:
+    def _report(self, elapsed: float, tally: Tally, late: list[int]) -> bool:
         assert self.on_progress is not None
         summary = tally.summary(elapsed, planned=self._last_index(), late=late)
         return bool(self.on_progress(elapsed, summary))
 
     # -- the run --------------------------------------------------------------------------
 
-    async def run(self) -> ReplayResult:
+    async def run(self, start_at: float | None = None) -> ReplayResult:
+        """`start_at`: the start instant on the monotonic clock (processes sharing one start),
+        else now."""
         # The first request is due at once: build it before the clock starts.
         first_body = self.body(0) if len(self.trace) else None
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if start_at is None else start_at
         if self.mode.kind == "timed":
             schedule = self._timed(first_body)
         else:
@@ -681,14 +690,56 @@ class _Replay:
         summary = self.tally.summary(
             end - self.t0, stopped_early=stopped_early, planned=self._last_index()
         )
-        if summary.client_lagging:
-            logger.warning(
-                "replayer lagging: send lag p99 %.1f ms > %.0f ms; the client, not only the "
-                "server, shaped this run (lower the rate or run the replayer elsewhere)",
-                summary.send_lag_p99_ms,
-                CLIENT_LAG_WARN_MS,
-            )
         return ReplayResult.model_construct(records=records, summary=summary)
+
+
+def warn_if_lagging(summary: ReplaySummary) -> None:
+    """Say when the client, not only the server, shaped a run."""
+    if summary.client_lagging:
+        logger.warning(
+            "replayer lagging: send lag p99 %.1f ms > %.0f ms; the client, not only the "
+            "server, shaped this run (lower the rate or run the replayer elsewhere)",
+            summary.send_lag_p99_ms,
+            CLIENT_LAG_WARN_MS,
+        )
+
+
+def planned_requests(trace: Trace, mode: ReplayMode, speedup: float, duration_s: float | None) -> int:
+    """How many requests of the trace a run may send (timed mode: within duration)."""
+    n = len(trace)
+    if mode.kind == "timed" and duration_s is not None:
+        cutoff_ms = duration_s * 1000.0 * speedup
+        n = int(np.searchsorted(trace.timestamps_ms, cutoff_ms, side="left"))
+    return n
+
+
+def client_session(mode: ReplayMode, api_token: str | None) -> aiohttp.ClientSession:
+    """The replayer's HTTP client (use as `async with`)."""
+    headers = {"Content-Type": "application/json"}
+    if api_token:
+        headers["Authorization"] = f"Bearer {api_token}"
+    # Closed loop: exactly N connections, kept alive. Open loop: never let the pool hold a
+    # request back (that would be unmeasured client-side queueing): no limit (0).
+    connector = aiohttp.TCPConnector(limit=mode.concurrency or 0, limit_per_host=0)
+    return aiohttp.ClientSession(
+        connector=connector,
+        headers=headers,
+        # The per-request limit is enforced around the whole request (asyncio.timeout).
+        timeout=aiohttp.ClientTimeout(total=None),
+        # A load client talks straight to the server: no proxies from the environment.
+        trust_env=False,
+        auto_decompress=False,
+    )
+
+
+def check_options(speedup: float, duration_s: float | None, timeout_s: float) -> None:
+    """One-line errors for a replay's numeric options."""
+    if not speedup > 0:
+        raise WorkloadError(f"replay speedup {speedup!r}: must be > 0")
+    if duration_s is not None and not duration_s > 0:
+        raise WorkloadError(f"replay duration {duration_s!r} s: must be > 0")
+    if not timeout_s > 0:
+        raise WorkloadError(f"replay timeout {timeout_s!r} s: must be > 0")
 
 
 async def replay(
@@ -714,28 +765,9 @@ async def replay(
     result covers what was measured up to then.
     """
     replay_mode = ReplayMode.parse(mode)
-    if not speedup > 0:
-        raise WorkloadError(f"replay speedup {speedup!r}: must be > 0")
-    if duration_s is not None and not duration_s > 0:
-        raise WorkloadError(f"replay duration {duration_s!r} s: must be > 0")
-    if not timeout_s > 0:
-        raise WorkloadError(f"replay timeout {timeout_s!r} s: must be > 0")
-    headers = {"Content-Type": "application/json"}
-    if api_token:
-        headers["Authorization"] = f"Bearer {api_token}"
-    # Closed loop: exactly N connections, kept alive. Open loop: never let the pool hold a
-    # request back (that would be unmeasured client-side queueing): no limit (0).
-    connector = aiohttp.TCPConnector(limit=replay_mode.concurrency or 0, limit_per_host=0)
-    async with aiohttp.ClientSession(
-        connector=connector,
-        headers=headers,
-        # The per-request limit is enforced around the whole request (asyncio.timeout).
-        timeout=aiohttp.ClientTimeout(total=None),
-        # A load client talks straight to the server: no proxies from the environment.
-        trust_env=False,
-        auto_decompress=False,
-    ) as session:
-        run = _Replay(
+    check_options(speedup, duration_s, timeout_s)
+    async with client_session(replay_mode, api_token) as session:
+        run = ReplayRun(
             trace,
             session,
             url.rstrip("/") + "/v1/completions",
@@ -749,4 +781,6 @@ async def replay(
             on_progress=on_progress,
             prompts=prompts or PromptFactory(),
         )
-        return await run.run()
+        result = await run.run()
+    warn_if_lagging(result.summary)
+    return result

@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,8 +22,6 @@ from workloads.replay import CLIENT_LAG_WARN_MS, ReplayMode, ReplaySummary, repl
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
-ECHO_SERVER = Path(__file__).with_name("echo_server.py")
-
 # No bound here is on how fast this machine is: the echo server records when it read each
 # request and when it wrote each token (tests/workloads/echo_server.py), so what the client
 # measured is set beside what the server did, in the same run. A correct client is never
@@ -35,20 +30,6 @@ ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 # millisecond; a broken client (a wrong start, an empty chunk taken for a token, tokens
 # counted per chunk) is off by a whole server delay in every observation. A stall of the
 # machine moves single observations, not the median.
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    process = subprocess.Popen(
-        [sys.executable, str(ECHO_SERVER), "--port", "0"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        line = process.stdout.readline() if process.stdout else ""
-        assert line.startswith("PORT "), f"echo server did not start: {line!r}"
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def stats(url: str, tag: str) -> dict:
