@@ -793,8 +793,9 @@ def replay(args: argparse.Namespace) -> int:
         "the baseline is that point.",
         "Median share over all seeds: a seed that never reaches the target counts as infinite.",
         "The H100 grid of the long-prompt scenario (results/h100-2026-11-23c/long-prompts) has 8 "
-        "points: a quarter of its cost is two launches, so a strategy meets the done-when there only "
-        "if its first move after the baseline is the best point. A second launch of 4 of its points "
+        "points and the baseline's launch alone cost 0.18 of it (its unhinted ladder took 5 steps): "
+        "even a first move straight to a best point would spend 0.28-0.32, so no strategy that "
+        "measures vLLM's defaults first meets the 0.25 there. A second launch of 4 of its points "
         "(grid-repeat beside it) moved the best point from 13.2 to 10.6 req/s while the others "
         "repeated within 5%: its best is one lucky measurement of a config within noise of the rest.",
         "The CPU capacity grid was measured on this shared 2-core machine, where the replayer and the "
