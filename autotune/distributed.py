@@ -41,7 +41,7 @@ from autotune.errors import AutotuneError
 from autotune.launcher import StaleServerRegistry, reap_stale_servers
 from autotune.outcome import stop_if_baseline_failed
 from autotune.plan import TuningPlan
-from autotune.redact import redact
+from autotune.redact import redact, redact_argv
 from autotune.study import (
     TuningStudy,
     atomic_write_text,
@@ -289,9 +289,11 @@ def create_shared_study(plan: TuningPlan, *, say: Callable[[str], None] = _say) 
             f"(`autotune worker --storage URL --study {plan.study_name}`) or pick a new "
             f"--study-name"
         )
+    # Stored for every worker and finalize to read: the command line with passwords hidden.
+    shared = plan.model_copy(update={"command_line": redact_argv(plan.command_line)}).shared_form()
     study = pipeline.create_study(
         plan,
-        study_attrs={"workload_fingerprint": plan.workload["fingerprint"], PLAN_ATTR: plan.shared_form()},
+        study_attrs={"workload_fingerprint": plan.workload["fingerprint"], PLAN_ATTR: shared},
         say=say,
     )
     target = f"{plan.n_trials} trials" if plan.n_trials else "no trial limit"

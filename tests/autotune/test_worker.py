@@ -104,7 +104,7 @@ def make_plan(tmp_path: Path, url: str, n_trials: int) -> TuningPlan:
         workload={"source": "trace.jsonl", "fingerprint": "f00d", "mode": "timed", "speedup": 1.0},
         profile_text="a profile",
         mode="timed", speedup=1.0, startup_timeout_s=60,
-        command_line=["autotune", "run", "--workers-only"],
+        command_line=["autotune", "run", "--workers-only", "--storage", "postgresql://tuner:s3cret@db/x"],
     )
 
 
@@ -152,6 +152,7 @@ def test_created_study_holds_everything_a_worker_needs_and_measures_nothing(tmp_
     assert rebuilt.baseline == plan.baseline
     assert rebuilt.n_trials == 4 and rebuilt.top_k == 1
     assert rebuilt.output_dir == tmp_path / "w" and rebuilt.resume
+    assert "s3cret" not in json.dumps(rebuilt.command_line) and rebuilt.command_line[-1].startswith("postgresql://tuner:")
     trials = optuna.load_study(study_name=NAME, storage=storage).trials
     assert [(t.state, t.user_attrs.get("baseline")) for t in trials] == [(TrialState.WAITING, True)]
     assert not (tmp_path / "creator" / "trials").exists()
