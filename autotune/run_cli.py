@@ -1,4 +1,8 @@
-"""`autotune run`: search, validate, export `best.yaml` and write `report.md`."""
+"""`autotune run`: search, validate, export `best.yaml` and write `report.md`.
+
+The flags become a TuningRequest (`run_request`); autotune.prepare checks it and makes the
+TuningPlan; autotune.pipeline runs it (or autotune.distributed stores it for workers).
+"""
 
 from __future__ import annotations
 
