@@ -104,7 +104,7 @@ def make_plan(tmp_path: Path, url: str, n_trials: int) -> TuningPlan:
         workload={"source": "trace.jsonl", "fingerprint": "f00d", "mode": "timed", "speedup": 1.0},
         profile_text="a profile",
         mode="timed", speedup=1.0, startup_timeout_s=60,
-        command_line=["autotune", "run", "--workers-only", "--storage", "postgresql://tuner:s3cret@db/x"],
+        command_line=["autotune", "run", "--workers-only"],
     )
 
 
@@ -117,8 +117,10 @@ def storage_for(url: str) -> optuna.storages.RDBStorage:
     return connect(url, heartbeat_interval_s=1, grace_period_s=30, max_retry=2)
 
 
-def create(tmp_path: Path, url: str, n_trials: int = 4) -> TuningPlan:
+def create(tmp_path: Path, url: str, n_trials: int = 4, *, command_line: list[str] | None = None) -> TuningPlan:
     plan = make_plan(tmp_path, url, n_trials)
+    if command_line is not None:
+        plan = plan.model_copy(update={"command_line": command_line})
     create_shared_study(plan, say=lambda line: None)
     return plan
 
@@ -138,7 +140,7 @@ def worker(storage, url: str, tmp_path: Path, host: str, runner: FakeRunner, lin
 
 
 def test_created_study_holds_everything_a_worker_needs_and_measures_nothing(tmp_path: Path, url: str) -> None:
-    plan = create(tmp_path, url)
+    plan = create(tmp_path, url, command_line=["autotune", "run", "--storage", "postgresql://tuner:s3cret@db/x"])
     storage = storage_for(url)
     rebuilt = load_shared(storage, NAME, url, tmp_path / "w")
     for key in ("tuning_window", "holdout_window"):
