@@ -29,26 +29,26 @@ import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import optuna
 import psutil
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from autotune import pipeline
 from autotune.errors import AutotuneError
-from autotune.ladder import LadderSettings
 from autotune.launcher import StaleServerRegistry, reap_stale_servers
 from autotune.outcome import stop_if_baseline_failed
-from autotune.run_cli import build_tuning, finish, redact, redact_argv
+from autotune.plan import TuningPlan
+from autotune.redact import redact, redact_argv
 from autotune.study import (
-    StudyOptions,
+    TuningStudy,
     atomic_write_text,
     check_writable,
     counts_toward_budget,
     trial_label,
 )
-from workloads.trace import Trace, TraceRequest
 
 PLAN_ATTR = "shared_plan"
 CLAIM_SUFFIX = ".finalize"
@@ -62,138 +62,11 @@ def _say(line: str) -> None:
 # The plan every worker reads from the study
 
 
-class StoredWindow(BaseModel):
-    """A trace window as stored in the study (workers need no copy of the trace file)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: str
-    requests: list[dict[str, Any]]
-
-    @classmethod
-    def from_trace(cls, trace: Trace) -> StoredWindow:
-        requests = [trace.request(i).model_dump(exclude_none=True) for i in range(len(trace))]
-        return cls(source=trace.source, requests=requests)
-
-    def trace(self) -> Trace:
-        return Trace.from_requests(
-            (TraceRequest.model_validate(r) for r in self.requests), source=self.source
-        )
-
-
-class SharedPlan(BaseModel):
-    """What `autotune run` checked and prepared, in a form a worker on another host can use."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: Literal[1] = 1
-    accelerator: str
-    objective: str
-    slos: list[str]
-    space: dict[str, Any]  # SearchSpace.fingerprint()
-    baseline: dict[str, Any]  # ServerConfig, JSON
-    baseline_source: str
-    comparisons: dict[str, dict[str, Any]] = {}
-    effective_defaults: dict[str, Any] = {}
-    workload: dict[str, Any]
-    profile_text: str = ""
-    tuning_window: StoredWindow
-    holdout_window: StoredWindow
-    n_trials: int | None
-    time_budget_s: float | None
-    gpu_seconds: float | None = None  # per worker, like the time budget
-    seed: int
-    top_k: int
-    repeats: int
-    prune: bool = True
-    ladder: dict[str, Any] | None = None  # LadderSettings (capacity objective)
-    mode: str
-    speedup: float
-    startup_timeout_s: float
-    command_line: list[str]
-
-    @classmethod
-    def from_plan(
-        cls,
-        plan: dict[str, Any],
-        *,
-        effective_defaults: dict[str, Any],
-        startup_timeout_s: float,
-        command_line: list[str],
-    ) -> SharedPlan:
-        options: StudyOptions = plan["options"]
-        return cls(
-            accelerator=plan["accelerator"],
-            objective=plan["objective"].spec(),
-            slos=[slo.spec() for slo in plan["slos"]],
-            space=plan["space"].fingerprint(),
-            baseline=plan["baseline"].model_dump(mode="json"),
-            baseline_source=plan["baseline_source"],
-            comparisons={k: v.model_dump(mode="json") for k, v in plan["comparisons"].items()},
-            effective_defaults=effective_defaults,
-            workload=plan["workload"],
-            profile_text=plan["profile_text"],
-            tuning_window=StoredWindow.from_trace(plan["tuning"]),
-            holdout_window=StoredWindow.from_trace(plan["holdout"]),
-            n_trials=options.n_trials,
-            time_budget_s=options.time_budget_s,
-            gpu_seconds=options.gpu_seconds,
-            seed=options.seed,
-            top_k=options.top_k,
-            repeats=options.repeats,
-            prune=options.prune,
-            ladder=plan["ladder"].model_dump() if plan.get("ladder") is not None else None,
-            mode=plan["workload"].get("mode", "timed"),
-            speedup=float(plan["workload"].get("speedup", 1.0)),
-            startup_timeout_s=startup_timeout_s,
-            command_line=command_line,
-        )
-
-    def to_plan(self, *, study_name: str, storage_url: str, output_dir: Path) -> dict[str, Any]:
-        """The dict `run_cli.plan_study` returns, rebuilt from the stored plan."""
-        from autotune.objective import parse_objective
-        from autotune.space import ParamSpec, SearchSpace, parse_relation
-        from server.config import ServerConfig
-        from workloads.slo import parse_slos
-
-        slos = parse_slos(self.slos)
-        space = SearchSpace(
-            {name: ParamSpec.model_validate(spec) for name, spec in self.space["params"].items()},
-            [parse_relation(text) for text in self.space["relations"]],
-            source=f"study {study_name}'s search space",
-        )
-        options = StudyOptions(
-            study_name=study_name,
-            output_dir=output_dir,
-            storage=storage_url,
-            resume=True,
-            n_trials=self.n_trials,
-            time_budget_s=self.time_budget_s,
-            gpu_seconds=self.gpu_seconds,
-            seed=self.seed,
-            top_k=self.top_k,
-            repeats=self.repeats,
-            prune=self.prune,
-        )
-        return {
-            "options": options,
-            "accelerator": self.accelerator,
-            "slos": slos,
-            "objective": parse_objective(self.objective, slos),
-            "space": space,
-            "baseline": ServerConfig.model_validate(self.baseline),
-            "baseline_source": self.baseline_source,
-            "comparisons": {k: ServerConfig.model_validate(v) for k, v in self.comparisons.items()},
-            "tuning": self.tuning_window.trace(),
-            "holdout": self.holdout_window.trace(),
-            "workload": self.workload,
-            "profile_text": self.profile_text,
-            "ladder": None if self.ladder is None else LadderSettings.model_validate(self.ladder),
-        }
-
-
-def load_shared(storage: optuna.storages.BaseStorage, study_name: str, url: str) -> SharedPlan:
-    """The plan stored in study `study_name`; AutotuneError when there is none to join."""
+def load_shared(
+    storage: optuna.storages.BaseStorage, study_name: str, url: str, output_dir: Path
+) -> TuningPlan:
+    """The plan stored in study `study_name`, for a process writing to `output_dir`;
+    AutotuneError when there is none to join."""
     try:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
@@ -210,7 +83,7 @@ def load_shared(storage: optuna.storages.BaseStorage, study_name: str, url: str)
             f"create one with `autotune run ... --storage URL --study-name NEW --workers-only`"
         )
     try:
-        return SharedPlan.model_validate(raw)
+        return TuningPlan.from_shared(raw, study_name=study_name, storage_url=url, output_dir=output_dir)
     except ValidationError as error:
         first = error.errors()[0]
         raise AutotuneError(
@@ -403,63 +276,37 @@ class WorkerRoster:
 # The three commands' work
 
 
-class _NotMeasuredHere:
-    """The creating process measures nothing."""
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("`autotune run --workers-only` does not measure trials")
-
-
-def create_shared_study(
-    plan: dict[str, Any],
-    *,
-    effective_defaults: dict[str, Any],
-    startup_timeout_s: float,
-    command_line: list[str],
-    say: Callable[[str], None] = _say,
-) -> optuna.Study:
+def create_shared_study(plan: TuningPlan, *, say: Callable[[str], None] = _say) -> optuna.Study:
     """Create the study with its plan stored and the baseline queued; measure nothing."""
-    options: StudyOptions = plan["options"]
-    shared = SharedPlan.from_plan(
-        plan,
-        effective_defaults=effective_defaults,
-        startup_timeout_s=startup_timeout_s,
-        command_line=redact_argv(command_line),
-    )
-    url = redact(options.storage_url)
+    url = redact(plan.storage_url)
     try:
-        exists = options.study_name in optuna.get_all_study_names(options.storage_url)
+        exists = plan.study_name in optuna.get_all_study_names(plan.storage_url)
     except Exception:  # noqa: BLE001 - TuningStudy.open() reports a bad --storage in one line
         exists = False
     if exists:
         raise AutotuneError(
-            f"study {options.study_name!r} already exists in {url}; start workers on it "
-            f"(`autotune worker --storage URL --study {options.study_name}`) or pick a new "
+            f"study {plan.study_name!r} already exists in {url}; start workers on it "
+            f"(`autotune worker --storage URL --study {plan.study_name}`) or pick a new "
             f"--study-name"
         )
-    tuning = build_tuning(
+    # Stored for every worker and finalize to read: the command line with passwords hidden.
+    shared = plan.model_copy(update={"command_line": redact_argv(plan.command_line)}).shared_form()
+    study = pipeline.create_study(
         plan,
-        runner=_NotMeasuredHere(),
-        effective=effective_defaults,
-        study_attrs={
-            "workload_fingerprint": plan["workload"]["fingerprint"],
-            PLAN_ATTR: shared.model_dump(mode="json"),
-        },
+        study_attrs={"workload_fingerprint": plan.workload["fingerprint"], PLAN_ATTR: shared},
         say=say,
     )
-    study = tuning.open()
-    tuning.enqueue_baseline(study)
-    target = f"{options.n_trials} trials" if options.n_trials else "no trial limit"
-    budget = f", time budget {options.time_budget_s:.0f} s per worker" if options.time_budget_s else ""
-    if options.gpu_seconds:
-        budget += f", {options.gpu_seconds:.0f} GPU-seconds per worker"
-    say(f"created study {options.study_name} in {url} ({target}{budget}; objective "
-        f"{plan['objective'].spec()}; SLOs {', '.join(s.spec() for s in plan['slos'])}); "
+    target = f"{plan.n_trials} trials" if plan.n_trials else "no trial limit"
+    budget = f", time budget {plan.time_budget_s:.0f} s per worker" if plan.time_budget_s else ""
+    if plan.gpu_seconds:
+        budget += f", {plan.gpu_seconds:.0f} GPU-seconds per worker"
+    say(f"created study {plan.study_name} in {url} ({target}{budget}; objective "
+        f"{plan.objective.spec()}; SLOs {', '.join(s.spec() for s in plan.slos)}); "
         f"the baseline is queued as trial-0000")
     say("start a worker per GPU, on any host that reaches the database:")
-    say(f"  autotune worker --storage '{url}' --study {options.study_name}")
+    say(f"  autotune worker --storage '{url}' --study {plan.study_name}")
     say("then validate and export once they are done:")
-    say(f"  autotune finalize --storage '{url}' --study {options.study_name}")
+    say(f"  autotune finalize --storage '{url}' --study {plan.study_name}")
     return study
 
 
@@ -482,27 +329,16 @@ def run_worker(
 ) -> optuna.Study:
     """Measure trials of the shared study until it has its trials (or this worker's time
     budget is spent); trials go to OUTPUT_DIR/trials/trial-NNNN (numbers are study-wide)."""
-    from autotune.trial import TrialRunner
-
-    shared = load_shared(storage, study_name, url)
+    plan = load_shared(storage, study_name, url, output_dir)
     check_writable(output_dir)
-    plan = shared.to_plan(study_name=study_name, storage_url=url, output_dir=output_dir)
     roster = WorkerRoster(output_dir / "workers", identity, say=say)
     roster.join()
     try:
         if runner is None:
-            runner = TrialRunner(
-                mode=shared.mode,
-                speedup=shared.speedup,
-                slos=plan["slos"],
-                startup_timeout_s=shared.startup_timeout_s,
-                stale_registry=roster.registry_path,
-                ladder=plan["ladder"],
-            )
-        tuning = build_tuning(
+            runner = pipeline.build_runner(plan, registry=roster.registry_path)
+        tuning = pipeline.build_study(
             plan,
             runner=runner,
-            effective=shared.effective_defaults,
             trial_attrs=identity.attrs(),
             on_interrupted=retry_callback(max_retry),
             say=say,
@@ -516,7 +352,7 @@ def run_worker(
 
         tuning.between_trials = between_trials
         previous = len(storage.get_all_trials(storage.get_study_id_from_name(study_name), deepcopy=False))
-        study = tuning.attach(storage, seed=worker_seed(shared.seed, identity, previous))
+        study = tuning.attach(storage, seed=worker_seed(plan.seed, identity, previous))
         say(f"worker {identity.label} joined study {study_name} in {redact(url)}; trials go to "
             f"{output_dir / 'trials'}")
         tuning.run_search()
@@ -570,7 +406,7 @@ class FinalizeClaim:
 
 
 def wait_for_search(
-    tuning: Any,
+    tuning: TuningStudy,
     study: optuna.Study,
     *,
     partial: bool,
@@ -633,11 +469,8 @@ def finalize(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Once the search is over: the gate, best.yaml and report.md, as `autotune run` makes."""
-    from autotune.trial import TrialRunner
-
-    shared = load_shared(storage, study_name, url)
+    plan = load_shared(storage, study_name, url, output_dir)
     check_writable(output_dir)
-    plan = shared.to_plan(study_name=study_name, storage_url=url, output_dir=output_dir)
     claim = FinalizeClaim(storage, study_name, url)
     claim.take(identity, again=again)
     try:
@@ -646,15 +479,8 @@ def finalize(
         if ended:
             say(f"ended {len(ended)} server process(es) an earlier finalize left behind: {ended}")
         if runner is None:
-            runner = TrialRunner(
-                mode=shared.mode,
-                speedup=shared.speedup,
-                slos=plan["slos"],
-                startup_timeout_s=shared.startup_timeout_s,
-                stale_registry=registry,
-                ladder=plan["ladder"],
-            )
-        tuning = build_tuning(plan, runner=runner, effective=shared.effective_defaults, say=say, sleep=sleep)
+            runner = pipeline.build_runner(plan, registry=registry)
+        tuning = pipeline.build_study(plan, runner=runner, say=say, sleep=sleep)
         study = tuning.attach(storage)
         wait_for_search(tuning, study, partial=partial, wait_timeout_s=wait_timeout_s, say=say)
         tuning.search_wall_s = search_span_s(study)
@@ -665,12 +491,10 @@ def finalize(
         say(f"finalising study {study_name}: {len(trials)} trials from {len(workers)} worker(s)"
             + (f", {len(lost)} of them retries of lost trials" if lost else "")
             + "; validating on the held-out window")
-        code = finish(
+        code = pipeline.finish(
             plan,
             tuning,
             study,
-            effective=shared.effective_defaults,
-            argv=shared.command_line,
             search_extra={"workers": workers, "finalized_by": identity.label},
         )
     except BaseException:

@@ -53,3 +53,8 @@ def progress_line(
         f"trial {count}  elapsed {format_duration(elapsed_s)}  best {best}  "
         f"ETA {format_duration(eta_s)}  | {this}"
     )
+
+
+def say(line: str) -> None:
+    """A line for the person watching the run (stdout, flushed at once)."""
+    print(line, flush=True)

@@ -8,7 +8,7 @@
 2. A study warm-started from the previous one: the deployed config is the baseline (trial 0,
    and what the gate compares against); then the previous study's best trials and the
    deployed config's neighbours (one step along each searched parameter) are enqueued before
-   the sampler proposes anything. `autotune run`'s own `plan_study` / `execute` run it.
+   the sampler proposes anything. `autotune run`'s own plan and pipeline run it.
 3. Only a config that beats the deployed one in the gate is written: `best-v{N}.yaml` and,
    atomically, `best.yaml` beside it (the deployment reads `best.yaml`). Its provenance holds
    the profile of the traffic it was tuned on, which the next `retune` compares against.
@@ -34,15 +34,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
-from autotune.run_cli import (
+from autotune.export import export_best, header_text
+from autotune.launcher import reap_stale_servers
+from autotune.plan import (
     DEFAULT_HOLDOUT_S,
     DEFAULT_REPEATS,
+    DEFAULT_STARTUP_TIMEOUT_S,
     DEFAULT_TOP_K,
     DEFAULT_TRIALS,
     DEFAULT_TUNING_S,
+    TuningPlan,
+    TuningRequest,
 )
+from autotune.progress import parse_duration
 from server.config import ServerConfig
+from server.recorder import read_recording
+from workloads.trace import TraceWarning, load_trace, write_trace
+
+# Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
+# that use them: `autotune --help` registers this command's flags and needs none of them.
 
 EXIT_NO_DRIFT = 0
 EXIT_NEW_CONFIG = 10
@@ -188,7 +201,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add(
         "--startup-timeout",
         type=float,
-        default=300.0,
+        default=DEFAULT_STARTUP_TIMEOUT_S,
         metavar="S",
         help="seconds a server may take to become ready (default: %(default)s)",
     )
@@ -214,11 +227,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_current(path: Path) -> Any:
     """The current traffic: a trace file, or a recorder folder (all its files, one time line)."""
-    from workloads.trace import load_trace
-
     if path.is_dir():
-        from server.recorder import read_recording
-
         return read_recording(path)
     return load_trace(path)
 
@@ -228,7 +237,6 @@ def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tu
     profile, else the trace the deployed config was tuned on if it is still there."""
     from workloads.drift import load_reference
     from workloads.profile import TraceProfile
-    from workloads.trace import load_trace
 
     if args.reference is not None:
         return load_reference(args.reference), str(args.reference)
@@ -247,8 +255,6 @@ def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tu
 
 
 def drift_thresholds(args: argparse.Namespace) -> Any:
-    from pydantic import ValidationError
-
     from workloads.drift import DriftThresholds
 
     given = {
@@ -416,8 +422,9 @@ def warm_start_trials(
 
 def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     """The CLI entry; `runner` replaces the TrialRunner (tests)."""
+    from autotune import pipeline
+    from autotune.study import check_writable
     from workloads.drift import compare
-    from workloads.trace import TraceWarning
 
     check_flags(args)
     deployed = ServerConfig.load(args.config)
@@ -434,8 +441,6 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     why = "drift" if report.drifted else "no drift, but --force"
 
     out_dir: Path = args.output_dir or args.config.resolve().parent
-    from autotune.study import check_writable
-
     check_writable(out_dir)  # before any trial: a result that cannot be written is wasted
     version = next_version(out_dir)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -450,16 +455,7 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     plan, warm = prepare(args, deployed, current, work_dir, study_name)
     say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {args.config})")
     if runner is None:
-        from autotune.trial import TrialRunner
-
-        runner = TrialRunner(
-            mode=args.mode,
-            speedup=args.speedup,
-            slos=plan["slos"],
-            startup_timeout_s=args.startup_timeout,
-            stale_registry=work_dir / "servers.json",
-            ladder=plan["ladder"],
-        )
+        runner = pipeline.build_runner(plan, registry=work_dir / "servers.json")
     run_study(plan, warm, runner=runner)
     return publish(args, deployed, current, report, plan, warm, out_dir, version)
 
@@ -470,12 +466,10 @@ def prepare(
     current: Any,
     work_dir: Path,
     study_name: str,
-) -> tuple[dict[str, Any], list[WarmStart]]:
+) -> tuple[TuningPlan, list[WarmStart]]:
     """`autotune run`'s plan for the current traffic with the deployed config as baseline,
     and the warm-start trials. Writes the trace and the baseline into `work_dir`."""
-    from autotune.progress import parse_duration
-    from autotune.run_cli import plan_defaults, plan_study
-    from workloads.trace import write_trace
+    from autotune.prepare import prepare_plan
 
     work_dir.mkdir(parents=True, exist_ok=True)
     trace_path = args.current
@@ -492,79 +486,48 @@ def prepare(
         }
     ).write(baseline_path, header=f"baseline for re-tuning: {args.config} (recorder off)")
     provenance = deployed.provenance or {}
-    run_args = run_arguments(
+    request = TuningRequest(
         workload=str(trace_path),
-        trials=args.trials,
         study_name=study_name,
         output_dir=work_dir,
+        command_line=["autotune", *sys.argv[1:]],
+        trials=args.trials,
+        time_budget_s=parse_duration(args.time_budget) if args.time_budget else None,
         storage=args.storage,
+        over_context=args.over_context,
         baseline=baseline_path,
         space=args.space,
-        slo=args.slo or provenance.get("slos") or None,
+        slos=args.slo or provenance.get("slos") or None,
         objective=args.objective or provenance.get("objective") or "goodput",
         seed=args.seed,
-        tuning_window=args.tuning_window,
-        holdout_window=args.holdout_window,
+        tuning_window_s=args.tuning_window,
+        holdout_window_s=args.holdout_window,
         speedup=args.speedup,
-        over_context=args.over_context,
         top_k=args.top_k,
         repeats=args.repeats,
         mode=args.mode,
-        startup_timeout=args.startup_timeout,
+        startup_timeout_s=args.startup_timeout,
     )
-    budget = parse_duration(args.time_budget) if args.time_budget else None
-    plan = plan_study(run_args, study_name=study_name, output_dir=work_dir, time_budget_s=budget)
-    plan_defaults(plan)
+    plan = prepare_plan(request)
     limit = min(args.warm_start, max(0, args.trials - 1))
-    warm = warm_start_trials(deployed, plan["space"], plan["effective_defaults"], limit)
+    warm = warm_start_trials(deployed, plan.space, plan.effective_defaults, limit)
     return plan, warm
 
 
-def run_arguments(**values: Any) -> argparse.Namespace:
-    """`autotune run`'s arguments as its own parser defaults them, with `values` on top (so
-    a flag added to `run` later gets its default here too)."""
-    from autotune import run_cli
+def run_study(plan: TuningPlan, warm: list[WarmStart], *, runner: Any) -> None:
+    """Creates the study with the baseline and the warm starts queued, then lets the
+    pipeline resume it as `autotune run` would (search, gate, export into the study folder)."""
+    from autotune import pipeline
 
-    parser = argparse.ArgumentParser(add_help=False)
-    run_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["run", "--workload", str(values["workload"])])
-    for name, value in values.items():
-        if not hasattr(args, name):
-            raise AssertionError(f"autotune run has no option {name!r}")  # a bug here, not input
-        setattr(args, name, value)
-    return args
-
-
-def run_study(plan: dict[str, Any], warm: list[WarmStart], *, runner: Any) -> None:
-    """Creates the study with the baseline and the warm starts queued, then lets `autotune
-    run`'s `execute` resume it (search, gate, export into the study folder)."""
-    from autotune.launcher import reap_stale_servers
-    from autotune.run_cli import execute
-    from autotune.study import TuningStudy
-
-    options = plan["options"]
-    tuning = TuningStudy(
-        options=options,
-        space=plan["space"],
-        objective=plan["objective"],
-        slos=plan["slos"],
-        baseline=plan["baseline"],
-        baseline_source=plan["baseline_source"],
-        tuning_window=plan["tuning"],
-        holdout_window=plan["holdout"],
-        runner=runner,
-        effective_defaults=plan["effective_defaults"],
-        study_attrs={"workload_fingerprint": plan["workload"]["fingerprint"], "retune": True},
+    # Queue order is trial order: the deployed config first (trial 0), then the warm starts.
+    pipeline.create_study(
+        plan,
+        study_attrs={"workload_fingerprint": plan.workload["fingerprint"], "retune": True},
+        warm_starts=[(start.params, {"warm_start": start.why}) for start in warm],
         say=say,
     )
-    study = tuning.open()
-    # Queue order is trial order: the deployed config first (trial 0), then the warm starts.
-    tuning.enqueue_baseline(study)
-    for start in warm:
-        study.enqueue_trial(start.params, user_attrs={"warm_start": start.why})
-    options.resume = True  # execute() opens the study just created, queue included
-    argv = ["autotune", *sys.argv[1:]]
-    execute(plan, runner=runner, reap=reap_stale_servers, argv=argv)
+    resumed = plan.model_copy(update={"resume": True})  # opens the study just created, queue included
+    pipeline.execute(resumed, runner=runner, reap=reap_stale_servers)
 
 
 def publish(
@@ -572,16 +535,15 @@ def publish(
     deployed: ServerConfig,
     current: Any,
     report: Any,
-    plan: dict[str, Any],
+    plan: TuningPlan,
     warm: list[WarmStart],
     out_dir: Path,
     version: int,
 ) -> int:
     """Writes best-v{N}.yaml and best.yaml if the gate chose a config over the deployed one."""
-    from autotune.export import export_best, header_text
     from workloads.profile import profile_trace
 
-    work_dir = plan["options"].output_dir
+    work_dir = plan.output_dir
     result = ServerConfig.load(work_dir / "best.yaml")
     provenance = dict(result.provenance or {})
     decision = provenance.get("decision") or {}
@@ -615,25 +577,24 @@ def publish(
 
 
 def print_plan(
-    plan: dict[str, Any], warm: list[WarmStart], work_dir: Path, versioned: Path, why: str
+    plan: TuningPlan, warm: list[WarmStart], work_dir: Path, versioned: Path, why: str
 ) -> None:
-    options = plan["options"]
-    tuning, holdout = plan["tuning"], plan["holdout"]
+    tuning, holdout = plan.tuning_window, plan.holdout_window
     say(f"dry run ({why}): no server started. The re-tune would:")
-    say(f"  study {options.study_name} in {work_dir}")
+    say(f"  study {plan.study_name} in {work_dir}")
     say(
-        f"  baseline: {plan['baseline_source']} (the deployed config; the gate compares against it)"
+        f"  baseline: {plan.baseline_source} (the deployed config; the gate compares against it)"
     )
-    say(f"  objective {plan['objective'].spec()}, SLOs {', '.join(s.spec() for s in plan['slos'])}")
-    say("  search: " + ", ".join(f"{k} ({v})" for k, v in plan["space"].describe().items()))
-    say(f"  {options.n_trials} trials: the baseline, {len(warm)} warm start(s), then the sampler")
+    say(f"  objective {plan.objective.spec()}, SLOs {', '.join(s.spec() for s in plan.slos)}")
+    say("  search: " + ", ".join(f"{k} ({v})" for k, v in plan.space.describe().items()))
+    say(f"  {plan.n_trials} trials: the baseline, {len(warm)} warm start(s), then the sampler")
     for start in warm:
         say(f"    - {start.why}")
     say(
         f"  windows: tuning {tuning.duration_s():.0f} s ({len(tuning)} requests), "
         f"held-out {holdout.duration_s():.0f} s ({len(holdout)} requests)"
     )
-    say(f"  gate: top {options.top_k} x {options.repeats} repeats against the baseline")
+    say(f"  gate: top {plan.top_k} x {plan.repeats} repeats against the baseline")
     say(
         f"  on a win: write {versioned} and {versioned.parent / 'best.yaml'} (exit 10); "
         "else exit 11"

@@ -74,6 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: Optuna and the measuring stack are not needed for
+    # `autotune --help`, which registers these flags.
     from autotune.distributed import WorkerIdentity, connect, run_worker
 
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,

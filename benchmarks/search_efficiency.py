@@ -7,7 +7,7 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
    capacity ladder's steps included) beside it. Resumable: measured points are kept.
    - `--objective capacity` (the default, as `autotune run`'s): each point is one trial exactly
      as `autotune run --workload TRACE` with its defaults measures one (its tuning window, CPU
-     SLOs and CPU ladder settings, built by autotune.run_cli.plan_study; one engine launch, a
+     SLOs and CPU ladder settings, built by autotune.prepare.prepare_plan; one engine launch, a
      load ladder, the highest req/s meeting every SLO). The baseline is measured first, with
      an unhinted ladder (as trial 0); every other point's ladder starts at the baseline's
      capacity, as `autotune run` starts a trial's ladder at the best capacity so far.
@@ -227,8 +227,9 @@ def measure_capacity(args: argparse.Namespace) -> int:
     from autotune.first_moves import limiting_slo
     from autotune.ladder import recorded_rate
     from autotune.objective import Objective, evaluate
-    from autotune.run_cli import plan_defaults, plan_study
-    from autotune.trial import TrialRunner
+    from autotune.pipeline import build_runner
+    from autotune.prepare import prepare_plan
+    from autotune.run_cli import run_request
     from server.engine import effective_settings, resolve_engine_config
 
     table_dir = Path(args.table)
@@ -239,10 +240,11 @@ def measure_capacity(args: argparse.Namespace) -> int:
     run_args = build_parser().parse_args(
         ["run", "--workload", str(args.trace), "--output-dir", str(table_dir), *args.run_args]
     )
-    plan = plan_study(run_args, study_name="search-grid", output_dir=table_dir, time_budget_s=None)
-    tuning, slos, ladder, baseline = plan["tuning"], plan["slos"], plan["ladder"], plan["baseline"]
-    defaults = plan_defaults(plan)
-    window = plan["workload"]["tuning_window"]
+    request = run_request(run_args).model_copy(update={"study_name": "search-grid", "output_dir": table_dir})
+    plan = prepare_plan(request)
+    tuning, slos, ladder, baseline = plan.tuning_window, plan.slos, plan.ladder, plan.baseline
+    defaults = plan.effective_defaults
+    window = plan.workload["tuning_window"]
     settings = {
         "trace": trace_name(Path(args.trace)),
         "objective": "capacity",
@@ -281,15 +283,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
     say(f"{len(done)} points measured, {len(todo)} to measure now; window {len(tuning)} requests, "
         f"{settings['recorded_rps']:.2f} req/s recorded; SLOs {', '.join(settings['slos'])}; ladder "
         f"{ladder.step_requests} requests / >= {ladder.min_step_s:g} s a step")
-    runner = TrialRunner(
-        mode=run_args.mode,
-        speedup=run_args.speedup,
-        slos=slos,
-        startup_timeout_s=run_args.startup_timeout,
-        stale_registry=table_dir / "servers.json",
-        ladder=ladder,
-        say=say,
-    )
+    runner = build_runner(plan, registry=table_dir / "servers.json", say=say)
     objective = Objective(kind="capacity")
     for label, seqs, batched in todo:
         base = table.baseline_point()
@@ -735,7 +729,7 @@ def conditions(table: Table) -> dict[str, Any]:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from autotune.run_cli import DEFAULT_TRIALS
+    from autotune.plan import DEFAULT_TRIALS
 
     recorder = Recorder("search_efficiency", "Search efficiency: our tuner vs plain TPE, random search "
                         "and the grid, on measured grids (issue 18)", "quick" if args.quick else "full")

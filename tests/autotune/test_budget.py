@@ -9,10 +9,11 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import run_cli
+from autotune import prepare
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.objective import default_slos, parse_objective
+from autotune.plan import DEFAULT_TRIALS
 from autotune.space import SearchSpace
 from autotune.study import StudyOptions, TuningStudy, engine_devices
 from autotune.trial import TrialOutcome, TrialTiming
@@ -118,13 +119,13 @@ def test_gpu_seconds_reaches_the_study_and_lifts_the_default_trial_count(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def plan_study(args, **kwargs):
-        seen.update(kwargs, trials=args.trials)
+    def prepare_plan(request):
+        seen.update(gpu_seconds=request.gpu_seconds, trials=request.trials)
         raise AutotuneError("planned")  # nothing to measure here
 
-    monkeypatch.setattr(run_cli, "plan_study", plan_study)
+    monkeypatch.setattr(prepare, "prepare_plan", prepare_plan)
     assert main(["run", "--workload", SAMPLE, "--gpu-seconds", "2h", "--output-dir", str(tmp_path)]) == 2
     assert seen["gpu_seconds"] == 7200 and seen["trials"] is None
     assert main(["run", "--workload", SAMPLE, "--output-dir", str(tmp_path)]) == 2
-    assert seen["gpu_seconds"] is None and seen["trials"] == run_cli.DEFAULT_TRIALS
+    assert seen["gpu_seconds"] is None and seen["trials"] == DEFAULT_TRIALS
     capsys.readouterr()

@@ -19,8 +19,9 @@ from autotune import retune
 from autotune.cli import build_parser
 from autotune.distributed import WorkerIdentity, connect, create_shared_study, finalize, run_worker
 from autotune.errors import NothingMeasured
-from autotune.retune import run_arguments
-from autotune.run_cli import execute, plan_study
+from autotune.pipeline import execute
+from autotune.plan import TuningPlan, TuningRequest
+from autotune.prepare import prepare_plan
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
@@ -59,18 +60,18 @@ class Runner:
         return TrialOutcome(ok=True, summary=summary, timing=TIMING, trial_dir=str(trial_dir))
 
 
-def plan(tmp_path: Path, *, trials: int = 4, resume: bool = False, name: str = "s", **values: Any):
+def plan(tmp_path: Path, *, trials: int = 4, resume: bool = False, name: str = "s", **values: Any) -> TuningPlan:
     # The fake runner replays once (goodput); the outcome rules are the same for capacity.
     values.setdefault("objective", "goodput")
-    args = run_arguments(workload=str(SAMPLE), trials=trials, study_name=name, output_dir=tmp_path,
-                         top_k=1, repeats=2, resume=resume, **values)
-    return plan_study(args, study_name=name, output_dir=tmp_path, time_budget_s=None)
+    return prepare_plan(TuningRequest(workload=str(SAMPLE), trials=trials, study_name=name, output_dir=tmp_path,
+                                      command_line=["autotune", "run"], top_k=1, repeats=2, resume=resume,
+                                      **values))
 
 
 def test_a_baseline_that_fails_stops_the_run_at_once_and_exports_nothing(tmp_path: Path, capsys) -> None:
     runner = Runner(fail=(1,))
     with pytest.raises(NothingMeasured, match="the baseline's trial trial-0000 failed") as raised:
-        execute(plan(tmp_path), runner=runner, reap=None, argv=["autotune", "run"])
+        execute(plan(tmp_path), runner=runner, reap=None)
     assert "HTTP 400" in str(raised.value) and "no best.yaml written" in str(raised.value)
     assert runner.calls == 1  # stopped at once: no search trial, no gate
     assert not (tmp_path / "best.yaml").exists()
@@ -82,7 +83,7 @@ def test_a_baseline_that_fails_stops_the_run_at_once_and_exports_nothing(tmp_pat
 
     # --resume measures the baseline again (the failure may have been the machine's) and goes on.
     again = Runner()
-    assert execute(plan(tmp_path, resume=True), runner=again, reap=None, argv=["autotune", "run"]) == 0
+    assert execute(plan(tmp_path, resume=True), runner=again, reap=None) == 0
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
     baselines = [t for t in study.trials if t.user_attrs.get("baseline")]
     assert [t.user_attrs["failure"] for t in baselines] == ["http_errors", None]
@@ -98,7 +99,7 @@ def test_the_cli_exits_12_and_documents_its_exit_codes(tmp_path: Path, capsys) -
 
 
 def test_a_kept_baseline_reports_its_measured_standing(tmp_path: Path, capsys) -> None:
-    assert execute(plan(tmp_path), runner=Runner(flat=True), reap=None, argv=["autotune", "run"]) == 0
+    assert execute(plan(tmp_path), runner=Runner(flat=True), reap=None) == 0
     report = (tmp_path / "report.md").read_text()
     assert report.splitlines()[0].startswith("# The baseline was kept")
     standing = next(line for line in report.splitlines() if line.startswith("Baseline measured: "))
@@ -111,7 +112,7 @@ def test_a_kept_baseline_reports_its_measured_standing(tmp_path: Path, capsys) -
 
 
 def test_a_better_config_is_named_on_the_first_line(tmp_path: Path) -> None:
-    assert execute(plan(tmp_path, trials=8), runner=Runner(), reap=None, argv=["autotune", "run"]) == 0
+    assert execute(plan(tmp_path, trials=8), runner=Runner(), reap=None) == 0
     first = (tmp_path / "report.md").read_text().splitlines()[0]
     assert first.startswith("# A better config was validated")
 
@@ -137,8 +138,9 @@ def test_retune_publishes_nothing_when_the_deployed_config_cannot_be_measured(tm
 def test_workers_stop_and_finalize_refuses_when_the_baseline_failed(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     shared = plan(tmp_path / "creator", name="shared", storage=url)
-    create_shared_study(shared, effective_defaults={"max_num_seqs": 128}, startup_timeout_s=60,
-                        command_line=["autotune", "run", "--workers-only"], say=lambda line: None)
+    shared = shared.model_copy(update={"effective_defaults": {"max_num_seqs": 128},
+                                       "command_line": ["autotune", "run", "--workers-only"]})
+    create_shared_study(shared, say=lambda line: None)
     storage = connect(url, heartbeat_interval_s=1, grace_period_s=30, max_retry=2)
     runner = Runner(fail=(1,))
     with pytest.raises(NothingMeasured, match="trial-0000 failed"):
@@ -157,8 +159,9 @@ def test_workers_stop_and_finalize_refuses_when_the_baseline_failed(tmp_path: Pa
 
     # A baseline that never finished (the study cut short, --partial) is no better.
     url2 = f"sqlite:///{tmp_path / 'empty.db'}"
-    create_shared_study(plan(tmp_path / "c2", name="empty", storage=url2), effective_defaults={},
-                        startup_timeout_s=60, command_line=["autotune"], say=lambda line: None)
+    empty_plan = plan(tmp_path / "c2", name="empty", storage=url2)
+    create_shared_study(empty_plan.model_copy(update={"effective_defaults": {}, "command_line": ["autotune"]}),
+                        say=lambda line: None)
     empty = connect(url2, heartbeat_interval_s=1, grace_period_s=30, max_retry=2)
     with pytest.raises(NothingMeasured, match="never completed"):
         finalize(empty, "empty", url=url2, output_dir=tmp_path / "f2", identity=WorkerIdentity(host="h", worker="g"),

@@ -129,10 +129,10 @@ def test_over_context_drop_and_cap_are_opt_ins_that_are_counted(
     assert code == 0, said
     line = next(line for line in said.splitlines() if line.startswith("pre-flight: ") and "capped" in line)
     assert f"{over:,} of {len(trace):,} requests" in line and f"{over:,} capped" in line
-    plan = load_shared(optuna.storages.get_storage(url), "cap", url)
+    plan = load_shared(optuna.storages.get_storage(url), "cap", url, tmp_path / "worker")
     assert plan.workload["preflight"]["context"]["capped"] == over
     for window in (plan.tuning_window, plan.holdout_window):
-        lengths = np.array([[r["input_length"], r["output_length"]] for r in window.requests])
+        lengths = np.stack([window.input_lengths, window.output_lengths], axis=1)
         assert lengths.sum(axis=1).max() <= 2048 and len(lengths) >= min_samples(50)
     reliability.held(f"cap: every replayed request fits 2,048 tokens; counted: \"{line}\"")
 
@@ -154,8 +154,8 @@ def test_windows_too_small_for_the_percentile_are_lengthened_where_the_trace_all
     assert code == 0, said
     line = next(line for line in said.splitlines() if "windows lengthened" in line)
     assert "needs 200" in line and "tuning 8 -> " in line and "held-out 6 -> " in line
-    plan = load_shared(optuna.storages.get_storage(url), "w", url)
-    assert len(plan.tuning_window.requests) >= 200 and len(plan.holdout_window.requests) >= 200
+    plan = load_shared(optuna.storages.get_storage(url), "w", url, tmp_path / "worker")
+    assert len(plan.tuning_window) >= 200 and len(plan.holdout_window) >= 200
     fit = plan.workload["preflight"]["windows"]
     assert fit["asked_s"] == [8, 6] and fit["used_s"][0] > 8 and fit["needed"]["ttft_p95_ms=1000"] == 200
 
@@ -212,7 +212,7 @@ def test_the_stored_plan_records_what_the_pre_flight_changed(tmp_path: Path, cap
                  "--storage", url, "--study-name", "p", "--slo", "ttft_p50_ms=2000",
                  "--output-dir", str(tmp_path / "p")]) == 0
     capsys.readouterr()
-    workload = load_shared(optuna.storages.get_storage(url), "p", url).workload
+    workload = load_shared(optuna.storages.get_storage(url), "p", url, tmp_path / "worker").workload
     from autotune.export import preflight_lines
 
     [line] = [line for line in preflight_lines(workload) if "capped" in line]

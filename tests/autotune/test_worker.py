@@ -38,8 +38,8 @@ from autotune.distributed import (
 from autotune.errors import AutotuneError
 from autotune.launcher import RegisteredServer, StaleServerRegistry
 from autotune.objective import default_slos, parse_objective
+from autotune.plan import TuningPlan
 from autotune.space import SearchSpace
-from autotune.study import StudyOptions
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings
 from workloads.replay import ReplaySummary
@@ -87,23 +87,25 @@ class FakeRunner:
         return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
 
 
-def make_plan(tmp_path: Path, url: str, n_trials: int) -> dict[str, Any]:
+def make_plan(tmp_path: Path, url: str, n_trials: int) -> TuningPlan:
     slos = default_slos("cpu")
-    return {
-        "options": StudyOptions(study_name=NAME, output_dir=tmp_path / "creator", storage=url,
-                                n_trials=n_trials, top_k=1, repeats=2),
-        "accelerator": "cpu",
-        "slos": slos,
-        "objective": parse_objective("goodput", slos),
-        "space": SearchSpace.default("cpu"),
-        "baseline": ServerConfig(engine={"model": "/models/tiny", "max_model_len": 2048}),
-        "baseline_source": "vLLM's defaults",
-        "comparisons": {},
-        "tuning": window(10),
-        "holdout": window(6),
-        "workload": {"source": "trace.jsonl", "fingerprint": "f00d", "mode": "timed", "speedup": 1.0},
-        "profile_text": "a profile",
-    }
+    return TuningPlan(
+        study_name=NAME, output_dir=tmp_path / "creator", storage=url,
+        n_trials=n_trials, time_budget_s=None, seed=0, top_k=1, repeats=2,
+        accelerator="cpu",
+        slos=slos,
+        objective=parse_objective("goodput", slos),
+        space=SearchSpace.default("cpu"),
+        baseline=ServerConfig(engine={"model": "/models/tiny", "max_model_len": 2048}),
+        baseline_source="vLLM's defaults",
+        effective_defaults=EFFECTIVE,
+        tuning_window=window(10),
+        holdout_window=window(6),
+        workload={"source": "trace.jsonl", "fingerprint": "f00d", "mode": "timed", "speedup": 1.0},
+        profile_text="a profile",
+        mode="timed", speedup=1.0, startup_timeout_s=60,
+        command_line=["autotune", "run", "--workers-only"],
+    )
 
 
 @pytest.fixture
@@ -115,10 +117,11 @@ def storage_for(url: str) -> optuna.storages.RDBStorage:
     return connect(url, heartbeat_interval_s=1, grace_period_s=30, max_retry=2)
 
 
-def create(tmp_path: Path, url: str, n_trials: int = 4) -> dict[str, Any]:
+def create(tmp_path: Path, url: str, n_trials: int = 4, *, command_line: list[str] | None = None) -> TuningPlan:
     plan = make_plan(tmp_path, url, n_trials)
-    create_shared_study(plan, effective_defaults=EFFECTIVE, startup_timeout_s=60,
-                        command_line=["autotune", "run", "--workers-only"], say=lambda line: None)
+    if command_line is not None:
+        plan = plan.model_copy(update={"command_line": command_line})
+    create_shared_study(plan, say=lambda line: None)
     return plan
 
 
@@ -137,18 +140,21 @@ def worker(storage, url: str, tmp_path: Path, host: str, runner: FakeRunner, lin
 
 
 def test_created_study_holds_everything_a_worker_needs_and_measures_nothing(tmp_path: Path, url: str) -> None:
-    plan = create(tmp_path, url)
+    plan = create(tmp_path, url, command_line=["autotune", "run", "--storage", "postgresql://tuner:s3cret@db/x"])
     storage = storage_for(url)
-    rebuilt = load_shared(storage, NAME, url).to_plan(study_name=NAME, storage_url=url,
-                                                     output_dir=tmp_path / "w")
-    for key in ("tuning", "holdout"):
-        assert rebuilt[key].timestamps_ms.tolist() == plan[key].timestamps_ms.tolist()
-        assert rebuilt[key].input_lengths.tolist() == plan[key].input_lengths.tolist()
-        assert [rebuilt[key].request(i).hash_ids for i in range(3)] == [[0], [1], [2]]
-    assert rebuilt["space"].fingerprint() == plan["space"].fingerprint()
-    assert rebuilt["objective"].spec() == plan["objective"].spec()
-    assert rebuilt["baseline"] == plan["baseline"]
-    assert rebuilt["options"].n_trials == 4 and rebuilt["options"].top_k == 1
+    rebuilt = load_shared(storage, NAME, url, tmp_path / "w")
+    for key in ("tuning_window", "holdout_window"):
+        rebuilt_window, window_made = getattr(rebuilt, key), getattr(plan, key)
+        assert rebuilt_window.timestamps_ms.tolist() == window_made.timestamps_ms.tolist()
+        assert rebuilt_window.input_lengths.tolist() == window_made.input_lengths.tolist()
+        assert [rebuilt_window.request(i).hash_ids for i in range(3)] == [[0], [1], [2]]
+    assert rebuilt.space.fingerprint() == plan.space.fingerprint()
+    assert rebuilt.objective.spec() == plan.objective.spec()
+    assert rebuilt.slos == plan.slos and rebuilt.effective_defaults == EFFECTIVE
+    assert rebuilt.baseline == plan.baseline
+    assert rebuilt.n_trials == 4 and rebuilt.top_k == 1
+    assert rebuilt.output_dir == tmp_path / "w" and rebuilt.resume
+    assert "s3cret" not in json.dumps(rebuilt.command_line) and rebuilt.command_line[-1].startswith("postgresql://tuner:")
     trials = optuna.load_study(study_name=NAME, storage=storage).trials
     assert [(t.state, t.user_attrs.get("baseline")) for t in trials] == [(TrialState.WAITING, True)]
     assert not (tmp_path / "creator" / "trials").exists()
@@ -318,15 +324,15 @@ def test_run_workers_only_creates_the_study_from_the_command_line(tmp_path: Path
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"autotune worker --storage '{url}' --study cli" in out
-    shared = load_shared(storage_for(url), "cli", url)
+    shared = load_shared(storage_for(url), "cli", url, tmp_path / "w")
     assert shared.n_trials == 5 and shared.workload["source"] == str(sample)
-    assert shared.baseline["engine"]["model"] == default_engine_settings()["model"]
-    assert shared.tuning_window.requests and shared.effective_defaults
+    assert shared.baseline.engine["model"] == default_engine_settings()["model"]
+    assert len(shared.tuning_window) and shared.effective_defaults
     assert not (tmp_path / "out" / "trials").exists()
 
 
 def test_passwords_stay_out_of_logs_and_exported_files() -> None:
-    from autotune.run_cli import redact, redact_argv
+    from autotune.redact import redact, redact_argv
 
     url = "postgresql://tuner:s3cret@db:5432/autotune"
     assert "s3cret" not in redact(url) and "tuner@db" in redact(url).replace(":***", "")

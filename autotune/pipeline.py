@@ -1,0 +1,258 @@
+"""One tuning from plan to verdict: build the runner and the study, search, gate, export, report.
+
+    plan (autotune.prepare) -> build_runner + build_study -> search -> finish: the gate,
+    best.yaml, report.md
+
+`autotune run` goes through `execute` (search, then `finish`). `autotune retune` creates its
+study with `create_study` (the deployed config and warm starts queued) and then `execute`s it.
+`autotune run --workers-only` creates a study with `create_study` too; each `autotune worker`
+searches it with `build_runner` + `build_study`, and `autotune finalize` ends it with `finish`
+(autotune.distributed). The TrialRunner and the TuningStudy are built here only.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import NothingMeasured
+from autotune.export import build_provenance, export_best, final_config
+from autotune.gate import BASELINE, GateDecision, Measurement, decide
+from autotune.ladder import recorded_rate
+from autotune.outcome import baseline_problem, baseline_standing, stop_if_baseline_failed
+from autotune.plan import TuningPlan
+from autotune.progress import format_duration, say
+from autotune.redact import redact, redact_argv
+from autotune.report import ReportInputs, capacity_line, write_report
+from autotune.study import StudyOptions, TuningStudy, ValidationResult
+from autotune.trial import TrialRunner
+
+
+def study_options(plan: TuningPlan) -> StudyOptions:
+    return StudyOptions(
+        study_name=plan.study_name,
+        output_dir=plan.output_dir,
+        storage=plan.storage,
+        resume=plan.resume,
+        resume_gate=plan.resume_gate,
+        n_trials=plan.n_trials,
+        time_budget_s=plan.time_budget_s,
+        gpu_seconds=plan.gpu_seconds,
+        seed=plan.seed,
+        top_k=plan.top_k,
+        repeats=plan.repeats,
+        prune=plan.prune,
+    )
+
+
+def build_runner(
+    plan: TuningPlan, *, registry: Path, say: Callable[[str], None] | None = None
+) -> TrialRunner:
+    """The runner that measures the plan's trials; `registry` records the servers it starts
+    (so that the next run ends them if this process is killed)."""
+    return TrialRunner(
+        mode=plan.mode,
+        speedup=plan.speedup,
+        slos=plan.slos,
+        startup_timeout_s=plan.startup_timeout_s,
+        stale_registry=registry,
+        ladder=plan.ladder,
+        say=say,
+    )
+
+
+def build_study(plan: TuningPlan, *, runner: Any, **extra: Any) -> TuningStudy:
+    """The TuningStudy a plan describes (`extra`: further TuningStudy keywords)."""
+    extra.setdefault("say", say)
+    return TuningStudy(
+        options=study_options(plan),
+        space=plan.space,
+        objective=plan.objective,
+        slos=plan.slos,
+        baseline=plan.baseline,
+        baseline_source=plan.baseline_source,
+        tuning_window=plan.tuning_window,
+        holdout_window=plan.holdout_window,
+        runner=runner,
+        comparisons=plan.comparisons,
+        effective_defaults=plan.effective_defaults,
+        **extra,
+    )
+
+
+class _NotMeasuredHere:
+    """`create_study` measures nothing."""
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a study being created measures no trial")
+
+
+def create_study(
+    plan: TuningPlan,
+    *,
+    study_attrs: dict[str, Any],
+    warm_starts: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
+    say: Callable[[str], None] = say,
+) -> optuna.Study:
+    """Create the plan's study with the baseline queued as trial 0, then `warm_starts`
+    (Optuna params, user attributes) in order; measure nothing."""
+    tuning = build_study(plan, runner=_NotMeasuredHere(), study_attrs=study_attrs, say=say)
+    study = tuning.open()
+    tuning.enqueue_baseline(study)
+    for params, user_attrs in warm_starts:
+        study.enqueue_trial(params, user_attrs=user_attrs)
+    return study
+
+
+def execute(plan: TuningPlan, *, runner: Any, reap: Callable[[Path], list[int]] | None) -> int:
+    """Search, then `finish`: `autotune run` (and `retune`, on the study it created).
+    `reap` ends the servers a killed earlier run left behind (None: nothing to end)."""
+    tuning = build_study(
+        plan,
+        runner=runner,
+        study_attrs={"workload_fingerprint": plan.workload["fingerprint"]},
+        reap=reap,
+        trial_attrs={"host": socket.gethostname()},
+    )
+    # Without a measured baseline nothing the search finds can be judged: stop at once.
+    tuning.between_trials = lambda: stop_if_baseline_failed(tuning.study)
+    study = tuning.open()
+    say(
+        f"study {plan.study_name} in {redact(plan.storage_url)}: objective "
+        f"{plan.objective.spec()}, SLOs {', '.join(s.spec() for s in plan.slos)}; searching "
+        + ", ".join(f"{k} ({v})" for k, v in plan.space.describe().items())
+    )
+    try:
+        study = tuning.run_search()
+    except NothingMeasured:
+        return finish(plan, tuning, study)  # reports, raises
+    say(f"search done in {format_duration(tuning.search_wall_s)}; validating on the held-out window")
+    return finish(plan, tuning, study)
+
+
+def finish(
+    plan: TuningPlan,
+    tuning: TuningStudy,
+    study: optuna.Study,
+    *,
+    search_extra: dict[str, Any] | None = None,
+) -> int:
+    """The gate, best.yaml and report.md for a study whose search is over.
+
+    Only a study with a measured baseline gets a gate and a best.yaml; without one, report.md
+    says what failed and NothingMeasured (exit 12) is raised.
+    """
+    problem = baseline_problem(study)
+    if problem is None:
+        result = tuning.validate(study)
+    else:
+        unmeasured = Measurement(candidate=BASELINE, repeat=0, value=0.0, slo_met=False, ok=False,
+                                 failure="not measured")
+        decision = decide([unmeasured]).model_copy(update={"reason": problem})
+        result = ValidationResult([], decision, {}, {}, 0.0, 0.0)
+    decision = result.decision
+    overrides: dict[str, Any] = {}
+    if not decision.keep_baseline:
+        number = int(decision.winner.split("-")[1])
+        overrides = study.trials[number].user_attrs.get("overrides", {})
+    verdict = "nothing" if problem is not None else "kept" if decision.keep_baseline else "validated"
+    standing = baseline_standing(result.measurements, tuning.baseline_trial(study), plan.slos,
+                                 plan.objective)
+    validation = [m.model_dump() for m in result.measurements]
+    provenance = build_provenance(
+        decision=decision,
+        winner_overrides=overrides,
+        objective=plan.objective,
+        slos=plan.slos,
+        study_name=plan.study_name,
+        storage_url=redact(plan.storage_url),
+        command_line=redact_argv(plan.command_line),
+        model=str(plan.baseline.engine.get("model")),
+        workload=plan.workload,
+        baseline_source=plan.baseline_source,
+        effective_defaults=plan.effective_defaults,
+        validation=validation,
+        search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
+                "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
+        baseline_standing=standing,
+    )
+    capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
+                                baseline_trial=tuning.baseline_trial(study))
+    if capacity is not None:
+        provenance["capacity"] = capacity
+    best_path = plan.output_dir / "best.yaml"
+    if verdict != "nothing":
+        export_best(best_path, final_config(plan.baseline, overrides), provenance)
+    report = write_report(
+        plan.output_dir,
+        ReportInputs(
+            study=study,
+            objective=plan.objective,
+            slos=plan.slos,
+            decision=decision,
+            measurements=result.measurements,
+            run_dirs=result.run_dirs,
+            provenance=provenance,
+            best_yaml=best_path,
+            search_wall_s=tuning.search_wall_s,
+            gate_wall_s=result.wall_s,
+            gate_server_s=result.server_s,
+            workload_profile=plan.profile_text,
+            verdict=verdict,
+            baseline_standing=standing,
+        ),
+    )
+    if verdict == "nothing":
+        say("")
+        say("*** NOTHING COULD BE MEASURED: the baseline failed, so no config can be judged. ***")
+        say(f"*** {problem} ***")
+        say(f"*** no best.yaml was written; {report} has the trials. ***")
+        raise NothingMeasured(f"{problem}; no best.yaml written, see {report}")
+    if capacity is not None:
+        say(capacity_line(capacity, decision.keep_baseline).replace("**", ""))
+    if decision.keep_baseline:
+        say("")
+        say("*** KEPT THE BASELINE: no config beat it beyond the noise. ***")
+        say(f"*** {decision.reason} ***")
+        say(f"*** baseline measured: {standing} ***")
+        say(f"*** {best_path} holds the baseline config. ***")
+    else:
+        say(f"winner {decision.winner}: {decision.reason}")
+        say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    say(f"wrote {best_path} and {report}")
+    return 0
+
+
+def capacity_figures(
+    plan: TuningPlan, decision: GateDecision, *, gated: bool, baseline_trial: Any
+) -> dict[str, Any] | None:
+    """Capacity and headroom of the baseline and the winner for best.yaml's provenance, the
+    report and the last lines: medians of the gate's held-out repeats, or, when no gate ran,
+    the baseline's search measurement on the tuning window (and the figures say which)."""
+    if not plan.objective.uses_ladder:
+        return None
+    if gated and decision.baseline_median is not None:
+        recorded = recorded_rate(plan.holdout_window)
+        base = float(decision.baseline_median)
+        source = "held-out window, median of the gate's repeats"
+    elif baseline_trial is not None and baseline_trial.user_attrs.get("capacity_rps") is not None:
+        recorded = recorded_rate(plan.tuning_window)
+        base = float(baseline_trial.user_attrs["capacity_rps"])
+        source = "tuning window, the baseline's search trial (no gate ran)"
+    else:
+        return None
+    figures: dict[str, Any] = {
+        "measured_on": source,
+        "recorded_rps": round(recorded, 3),
+        "baseline_rps": round(base, 3),
+        "baseline_headroom": round(base / recorded, 3) if recorded > 0 else None,
+    }
+    if gated and not decision.keep_baseline and decision.candidate_median is not None:
+        win = float(decision.candidate_median)
+        figures["winner_rps"] = round(win, 3)
+        figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None
+    return figures

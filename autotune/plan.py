@@ -1,0 +1,197 @@
+"""What a tuning run is asked for (`TuningRequest`) and what it runs on (`TuningPlan`).
+
+A `TuningRequest` holds the user's choices as `autotune run` takes them (retune fills one in
+from its own flags). `autotune.prepare.prepare_plan` checks it and turns it into a
+`TuningPlan`: the traces cut into windows, the search space, the baseline, the SLOs and the
+objective, every setting the search and the gate need. The pipeline (autotune.pipeline) runs
+a plan; nothing below the CLI reads flags.
+
+A plan's JSON form (`shared_form()`) is what a study created for workers stores as its
+user attribute `shared_plan`: a worker on another host rebuilds the same plan from it
+(`TuningPlan.from_shared`) with no copy of the trace file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_serializer, model_validator
+
+from autotune.ladder import LadderSettings
+from autotune.objective import Objective, parse_objective
+from autotune.space import ParamSpec, SearchSpace, parse_relation
+from server.config import ServerConfig
+from workloads.slo import SLO, parse_slos
+from workloads.trace import Trace, TraceRequest
+
+# 6 trials (baseline included) on a 30 s window, then the gate the product promises: the top 3
+# and the baseline, 3 times each, interleaved, on a 20 s held-out window. Windows are lengthened
+# until each holds what the SLO percentiles need (autotune.preflight): on the sample trace with
+# the default p95 SLOs, to ~47 and ~48 s (200+ requests each). On the embedded tiny model and a
+# 2-core CPU each run costs ~40 s of engine start plus its window: ~28 minutes.
+DEFAULT_TRIALS = 6
+DEFAULT_TUNING_S = 30.0
+DEFAULT_HOLDOUT_S = 20.0
+DEFAULT_TOP_K = 3
+DEFAULT_REPEATS = 3
+DEFAULT_LADDER_RESOLUTION = 0.1
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+
+# The plan's fields that belong to one process (where it writes, which study it opens), not
+# to the study: left out of the form stored for workers.
+PROCESS_FIELDS = frozenset({"study_name", "output_dir", "storage", "resume", "resume_gate"})
+
+
+class TuningRequest(BaseModel):
+    """The choices `autotune run` takes as flags (defaults as its parser has them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: str
+    study_name: str
+    output_dir: Path
+    command_line: list[str]  # as the user would retype it (passwords are hidden on export)
+    trials: int | None = DEFAULT_TRIALS
+    time_budget_s: float | None = None
+    gpu_seconds: float | None = None
+    storage: str | None = None
+    resume: bool = False
+    model: str | None = None
+    load_format: str | None = None
+    max_model_len: int | None = None
+    over_context: str = "refuse"
+    baseline: Path | None = None
+    compare: list[Path] = []
+    space: Path | None = None
+    slos: list[str] | None = None
+    objective: str = "capacity"
+    step_requests: int | None = None
+    ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
+    seed: int = 0
+    tuning_window_s: float = DEFAULT_TUNING_S
+    holdout_window_s: float = DEFAULT_HOLDOUT_S
+    speedup: float = 1.0
+    top_k: int = DEFAULT_TOP_K
+    repeats: int = DEFAULT_REPEATS
+    mode: str = "timed"
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+
+
+class StoredWindow(BaseModel):
+    """A trace window as stored in the study (workers need no copy of the trace file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    requests: list[dict[str, Any]]
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> StoredWindow:
+        requests = [trace.request(i).model_dump(exclude_none=True) for i in range(len(trace))]
+        return cls(source=trace.source, requests=requests)
+
+    def trace(self) -> Trace:
+        return Trace.from_requests(
+            (TraceRequest.model_validate(r) for r in self.requests), source=self.source
+        )
+
+
+class TuningPlan(BaseModel):
+    """Everything checked and prepared before the first trial, typed.
+
+    The field order and JSON form of the fields outside PROCESS_FIELDS are the stored
+    `shared_plan` (version 1): studies created by earlier versions stay readable.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    version: Literal[1] = 1
+    accelerator: str
+    objective: Objective
+    slos: list[SLO]
+    space: SearchSpace
+    baseline: ServerConfig
+    baseline_source: str
+    comparisons: dict[str, ServerConfig] = {}  # measured in the gate, never exported
+    effective_defaults: dict[str, Any] = {}  # vLLM's defaults for the baseline, resolved
+    workload: dict[str, Any]  # the provenance's workload section
+    profile_text: str = ""
+    tuning_window: Trace
+    holdout_window: Trace
+    n_trials: int | None
+    time_budget_s: float | None
+    gpu_seconds: float | None = None  # per worker, like the time budget
+    seed: int
+    top_k: int
+    repeats: int
+    prune: bool = True
+    ladder: LadderSettings | None = None  # the capacity objective's load ladder
+    mode: str
+    speedup: float
+    startup_timeout_s: float
+    command_line: list[str]
+    # This process's (PROCESS_FIELDS):
+    study_name: str
+    output_dir: Path
+    storage: str | None = None  # an Optuna RDB URL; None: sqlite:///OUTPUT_DIR/study.db
+    resume: bool = False
+    # `autotune run --resume`: runs an interrupted gate measured on this host are kept.
+    resume_gate: bool = False
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.output_dir / 'study.db').resolve()}"
+
+    # -- the stored form --------------------------------------------------------------------
+
+    def shared_form(self) -> dict[str, Any]:
+        """The plan as a study created for workers stores it (JSON)."""
+        return self.model_dump(mode="json", exclude=set(PROCESS_FIELDS))
+
+    @classmethod
+    def from_shared(cls, stored: dict[str, Any], *, study_name: str, storage_url: str,
+                    output_dir: Path) -> TuningPlan:
+        """The plan a study stores, for a process that joins it (a worker, finalize).
+        Raises pydantic's ValidationError when the stored form is not this version's."""
+        return cls.model_validate({**stored, "study_name": study_name, "storage": storage_url,
+                                   "output_dir": output_dir, "resume": True})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_stored(cls, data: Any) -> Any:
+        """The stored form's text and JSON back into the objects a plan holds."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        slos = data.get("slos")
+        if isinstance(slos, list) and all(isinstance(slo, str) for slo in slos):
+            data["slos"] = parse_slos(slos)
+        if isinstance(data.get("objective"), str):
+            data["objective"] = parse_objective(data["objective"], data["slos"])
+        if isinstance(data.get("space"), dict):
+            data["space"] = SearchSpace(
+                {name: ParamSpec.model_validate(spec) for name, spec in data["space"]["params"].items()},
+                [parse_relation(text) for text in data["space"]["relations"]],
+                source=f"study {data.get('study_name')}'s search space",
+            )
+        for key in ("tuning_window", "holdout_window"):
+            if isinstance(data.get(key), dict):
+                data[key] = StoredWindow.model_validate(data[key]).trace()
+        return data
+
+    @field_serializer("objective", when_used="json")
+    def _objective_spec(self, objective: Objective) -> str:
+        return objective.spec()
+
+    @field_serializer("slos", when_used="json")
+    def _slo_specs(self, slos: list[SLO]) -> list[str]:
+        return [slo.spec() for slo in slos]
+
+    @field_serializer("space", when_used="json")
+    def _space_fingerprint(self, space: SearchSpace) -> dict[str, Any]:
+        return space.fingerprint()
+
+    @field_serializer("tuning_window", "holdout_window", when_used="json")
+    def _stored_window(self, window: Trace) -> dict[str, Any]:
+        return StoredWindow.from_trace(window).model_dump()

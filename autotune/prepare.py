@@ -1,0 +1,224 @@
+"""A `TuningRequest` checked and turned into a `TuningPlan`, before any server starts.
+
+The pre-flight checks (autotune.preflight) come first and write nothing: a trace the model
+cannot serve, or windows too short for the SLO percentiles, cost seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune import preflight
+from autotune.errors import AutotuneError
+from autotune.ladder import LadderSettings
+from autotune.objective import default_slos, parse_objective
+from autotune.plan import TuningPlan, TuningRequest
+from autotune.progress import say
+from autotune.space import SearchSpace, engine_argument_names
+from autotune.study import check_writable
+from server.config import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MODEL_DIR,
+    ServerConfig,
+    default_engine_settings,
+)
+from workloads.profile import format_profile, profile_trace
+from workloads.slo import parse_slos
+from workloads.trace import load_trace
+
+
+def prepare_plan(request: TuningRequest) -> TuningPlan:
+    """Everything checked and prepared before the first trial (no server started)."""
+    slos = parse_slos(request.slos) if request.slos else None
+    trace = load_trace(request.workload)
+    # The context first, where it is known without importing vLLM (the embedded model, or
+    # --max-model-len): a trace the model cannot serve is refused in about a second.
+    early = explicit_context(request)
+    served, fit = trace, None
+    if early is not None:
+        served, fit = preflight.fit_context(trace, early[0], source=early[1],
+                                            policy=request.over_context, model_limit=early[2])
+    baseline, baseline_source = load_baseline(request)
+    accelerator = detect_accelerator()
+    slos = slos or default_slos(accelerator)
+    objective = parse_objective(request.objective, slos)
+    needs = preflight.requirements(slos, objective)
+    effective: dict[str, Any] | None = None
+    if fit is None:
+        context = baseline.engine.get("max_model_len")  # here only a --baseline file sets it
+        context_source = f"max_model_len={context} from {request.baseline}"
+        if context is None:  # the model's own: what vLLM derives from its config
+            effective = resolve_defaults(baseline)
+            context = effective.get("max_model_len")
+            context_source = f"max_model_len={context}, vLLM's default for this model"
+        if context is not None:
+            served, fit = preflight.fit_context(
+                trace,
+                int(context),
+                source=context_source,
+                policy=request.over_context,
+                model_limit=preflight.model_position_limit(baseline.engine.get("model")),
+            )
+        else:
+            say("autotune: note: the model's context length is unknown here; requests are not "
+                "checked against it")
+    label = trace.source
+    if fit is not None and fit.dropped:
+        label += f" ({len(served):,} of {len(trace):,} requests left by --over-context drop)"
+    tuning, holdout, windows, window_fit = preflight.fit_windows(
+        served, request.tuning_window_s, request.holdout_window_s, needs, label=label
+    )
+    for line in (fit.describe() if fit else "", window_fit.describe()):
+        if line:
+            say(f"pre-flight: {line}")
+
+    check_writable(request.output_dir)  # before any trial: an unwritable folder must not cost one
+    known = engine_argument_names()
+    if request.space is not None:
+        space = SearchSpace.load(request.space, accelerator, known_names=known)
+    else:
+        space = SearchSpace.default(accelerator)
+        space.check_names(known)
+    comparisons = {
+        f"compare-{path.stem}": apply_model_flags(ServerConfig.load(path), request)
+        for path in request.compare
+    }
+    profile = profile_trace(trace)
+    ladder = ladder_settings(request, accelerator) if objective.uses_ladder else None
+    workload = {
+        "source": request.workload,
+        "fingerprint": profile.fingerprint,
+        "profile": profile.model_dump(mode="json", exclude={"length_sample"}),
+        "tuning_window": windows.tuning.model_dump(mode="json"),
+        "holdout_window": windows.holdout.model_dump(mode="json"),
+        "mode": request.mode,
+        "speedup": request.speedup,
+        "preflight": {
+            "context": fit.model_dump(mode="json") if fit else None,
+            "windows": window_fit.model_dump(mode="json"),
+        },
+    }
+    return TuningPlan(
+        accelerator=accelerator,
+        objective=objective,
+        slos=slos,
+        space=space,
+        baseline=baseline,
+        baseline_source=baseline_source,
+        comparisons=comparisons,
+        # Resolved once here (it may start importing vLLM): reported as the baseline's defaults.
+        effective_defaults=effective if effective is not None else resolve_defaults(baseline),
+        workload=workload,
+        profile_text=format_profile(profile),
+        tuning_window=tuning,
+        holdout_window=holdout,
+        n_trials=request.trials,
+        time_budget_s=request.time_budget_s,
+        gpu_seconds=request.gpu_seconds,
+        seed=request.seed,
+        top_k=request.top_k,
+        repeats=request.repeats,
+        ladder=ladder,
+        mode=request.mode,
+        speedup=request.speedup,
+        startup_timeout_s=request.startup_timeout_s,
+        command_line=request.command_line,
+        study_name=request.study_name,
+        output_dir=request.output_dir,
+        storage=request.storage,
+        resume=request.resume,
+        resume_gate=request.resume,
+    )
+
+
+def ladder_settings(request: TuningRequest, accelerator: str) -> LadderSettings:
+    overrides: dict[str, Any] = {"resolution": request.ladder_resolution}
+    if request.step_requests is not None:
+        overrides["step_requests"] = request.step_requests
+    try:
+        return LadderSettings.for_accelerator(accelerator, **overrides)
+    except ValueError as error:
+        raise AutotuneError(
+            f"--step-requests {request.step_requests} / --ladder-resolution "
+            f"{request.ladder_resolution}: {error.errors()[0]['msg']}"  # type: ignore[attr-defined]
+        ) from None
+
+
+def explicit_context(request: TuningRequest) -> tuple[int, str, int | None] | None:
+    """(max_model_len, where it came from, the model's own limit) when known from the flags
+    alone: --max-model-len, or the embedded model (no --model, no --baseline); else None."""
+    model = request.model if request.model is not None else str(DEFAULT_MODEL_DIR)
+    if request.max_model_len is not None:
+        return (request.max_model_len, f"max_model_len={request.max_model_len} from --max-model-len",
+                preflight.model_position_limit(model))
+    if request.model is None and request.baseline is None:
+        return (DEFAULT_MAX_MODEL_LEN, f"max_model_len={DEFAULT_MAX_MODEL_LEN} from the embedded "
+                f"model's settings", preflight.model_position_limit(model))
+    return None
+
+
+def detect_accelerator() -> str:
+    try:
+        import torch  # here, not at the top: importing torch costs seconds and may be absent
+    except ImportError:
+        return "cpu"
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def load_baseline(request: TuningRequest) -> tuple[ServerConfig, str]:
+    """The config the user runs today, or vLLM's defaults for the chosen model."""
+    if request.baseline is not None:
+        baseline = ServerConfig.load(request.baseline)
+        source = f"{request.baseline}"
+    else:
+        engine = default_engine_settings()
+        if request.model is not None:
+            # The embedded model's own settings do not apply to another model; keep only
+            # what this machine needs (eager mode / CPU memory share on CPU).
+            for key in ("model", "load_format", "dtype", "max_model_len"):
+                engine.pop(key, None)
+        baseline = ServerConfig(engine=engine)
+        source = "vLLM's defaults (no engine overrides)"
+    return apply_model_flags(baseline, request), source
+
+
+def apply_model_flags(config: ServerConfig, request: TuningRequest) -> ServerConfig:
+    """--model / --load-format / --max-model-len apply to every config measured."""
+    engine = dict(config.engine)
+    if request.model is not None:
+        engine["model"] = request.model
+    if request.load_format is not None:
+        engine["load_format"] = request.load_format
+    if request.max_model_len is not None:
+        engine["max_model_len"] = request.max_model_len
+    model_dir = Path(str(engine.get("model", "")))
+    if model_dir.is_dir() and not has_tokenizer(model_dir):
+        # Shape-only model folders (config.json alone) run without a tokenizer: token-id
+        # prompts only, which is all the replayer sends.
+        engine["skip_tokenizer_init"] = True
+    return config.model_copy(update={"engine": engine, "provenance": None})
+
+
+def has_tokenizer(model_dir: Path) -> bool:
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+    return any((model_dir / name).exists() for name in names)
+
+
+def resolve_defaults(baseline: ServerConfig) -> dict[str, Any]:
+    """What vLLM will actually use for the baseline (defaults resolved), or {} if it cannot
+    tell without starting an engine; reported as "which defaults the baseline used"."""
+    try:
+        # The server owns the usage context it builds the engine with; ask it, not guess.
+        # Imported here: server.engine imports vLLM (seconds), needed only at this point.
+        from server.engine import effective_settings, resolve_engine_config
+
+        settings = effective_settings(resolve_engine_config(baseline))
+    except Exception as error:  # noqa: BLE001 - an unresolvable default only costs a report line
+        print(f"autotune: note: could not resolve vLLM's defaults ({error}); continuing", file=sys.stderr)
+        return {}
+    keep = ("usage_context", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+            "max_model_len", "block_size", "enforce_eager")
+    data = settings.model_dump()
+    return {key: data[key] for key in keep if data.get(key) is not None}
