@@ -82,7 +82,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         space = SearchSpace.default(accelerator)
         space.check_names(known)
     comparisons = {
-        f"compare-{path.stem}": apply_model_flags(ServerConfig.load(path), request)
+        f"compare-{path.stem}": apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
         for path in request.compare
     }
     profile = profile_trace(trace)
@@ -170,7 +170,7 @@ def detect_accelerator() -> str:
 def load_baseline(request: TuningRequest) -> tuple[ServerConfig, str]:
     """The config the user runs today, or vLLM's defaults for the chosen model."""
     if request.baseline is not None:
-        baseline = ServerConfig.load(request.baseline)
+        baseline = with_default_model(ServerConfig.load(request.baseline), request)
         source = f"{request.baseline}"
     else:
         engine = default_engine_settings()
@@ -182,6 +182,15 @@ def load_baseline(request: TuningRequest) -> tuple[ServerConfig, str]:
         baseline = ServerConfig(engine=engine)
         source = "vLLM's defaults (no engine overrides)"
     return apply_model_flags(baseline, request), source
+
+
+def with_default_model(config: ServerConfig, request: TuningRequest) -> ServerConfig:
+    """A config file that names no model serves the run's model: --model, else the embedded
+    one with its own settings (what `autotune run` serves without --model), never vLLM's
+    built-in default model, which would be downloaded."""
+    if "model" in config.engine or request.model is not None:
+        return config
+    return config.model_copy(update={"engine": {**default_engine_settings(), **config.engine}})
 
 
 def apply_model_flags(config: ServerConfig, request: TuningRequest) -> ServerConfig:

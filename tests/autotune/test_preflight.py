@@ -260,3 +260,24 @@ def test_windows_either_hold_what_each_percentile_needs_or_are_refused(
             assert samples(window, need.metric) >= need.needed
     assert fit.used_s[0] >= tuning_s and fit.used_s[1] >= holdout_s
     assert sum(fit.used_s) <= trace.duration_s() + 1e-6
+
+
+def test_config_files_that_name_no_model_serve_the_runs_model(tmp_path: Path) -> None:
+    from autotune.plan import TuningRequest
+    from autotune.prepare import prepare_plan
+
+    # A GPU share and a hand-tuned config, as users write them: no model named.
+    share, tuned = tmp_path / "share.yaml", tmp_path / "tuned.yaml"
+    share.write_text("gpu-memory-utilization: 0.2\n")
+    tuned.write_text("max-num-seqs: 16\n")
+    plan = prepare_plan(TuningRequest(workload=str(SAMPLE), baseline=share, compare=[tuned], study_name="m",
+                                      output_dir=tmp_path / "out", command_line=["autotune", "run"]))
+    embedded = default_engine_settings()
+    # Without --model: the embedded model with its own settings, the file's values on top,
+    # never vLLM's built-in default model (which would be downloaded).
+    assert plan.baseline.engine == {**embedded, "gpu_memory_utilization": 0.2}
+    assert plan.comparisons["compare-tuned"].engine == {**embedded, "max_num_seqs": 16}
+    # With --model, that model and only what the file says.
+    other = prepare_plan(TuningRequest(workload=str(SAMPLE), baseline=share, model=embedded["model"], study_name="n",
+                                       output_dir=tmp_path / "out2", command_line=["autotune", "run"]))
+    assert other.baseline.engine == {"model": embedded["model"], "gpu_memory_utilization": 0.2}
