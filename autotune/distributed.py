@@ -44,11 +44,11 @@ from autotune.plan import TuningPlan
 from autotune.redact import redact, redact_argv
 from autotune.study import (
     TuningStudy,
-    atomic_write_text,
     check_writable,
     counts_toward_budget,
     trial_label,
 )
+from workloads.files import write_text_atomic
 
 PLAN_ATTR = "shared_plan"
 CLAIM_SUFFIX = ".finalize"
@@ -224,7 +224,7 @@ class WorkerRoster:
             )
         self.reap_departed()
         me = psutil.Process()
-        atomic_write_text(
+        write_text_atomic(
             self.lease_path,
             Lease(
                 host=self.identity.host,

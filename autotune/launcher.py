@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ import psutil
 from pydantic import BaseModel
 
 from server.lifeline import PARENT_PID_ENV
+from workloads.files import write_text_atomic
 
 StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config"]
 
@@ -124,20 +124,7 @@ class StaleServerRegistry:
         self._write([s for s in self.entries() if s.pid != pid])
 
     def _write(self, servers: list[RegisteredServer]) -> None:
-        _write_atomic(self.path, _RegistryFile(servers=servers).model_dump_json(indent=2))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        write_text_atomic(self.path, _RegistryFile(servers=servers).model_dump_json(indent=2))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

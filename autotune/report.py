@@ -25,7 +25,8 @@ from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
 from autotune.ladder import CapacityResult
 from autotune.objective import Objective
 from autotune.progress import format_duration
-from autotune.study import atomic_write_text, is_baseline, lost_worker, trial_label
+from autotune.study import is_baseline, lost_worker, trial_label
+from workloads.files import write_text_atomic
 from workloads.slo import SLO
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
@@ -263,7 +264,7 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         for title, name in plots:
             lines += [f"### {title}", "", f"![{title}]({name})", ""]
     path = output_dir / "report.md"
-    atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
+    write_text_atomic(path, "\n".join(lines).rstrip() + "\n")
     return path
 
 

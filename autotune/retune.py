@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import re
 import shutil
 import sys
@@ -52,6 +51,7 @@ from autotune.plan import (
 from autotune.progress import parse_duration
 from server.config import ServerConfig
 from server.recorder import read_recording
+from workloads.files import atomic_file
 from workloads.trace import TraceWarning, load_trace, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
@@ -299,17 +299,8 @@ def next_version(directory: Path) -> int:
 
 def atomic_copy(source: Path, target: Path) -> None:
     """`target` becomes a copy of `source` in one step (temp file in its folder + rename)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-            shutil.copyfileobj(src, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(target, "wb", shared=True) as out, open(source, "rb") as src:
+        shutil.copyfileobj(src, out)
 
 
 # -- warm start -----------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from autotune.progress import format_duration, progress_line
 from autotune.signals import stop_reason
 from autotune.space import POW2_PREFIX, SearchSpace
 from server.config import ServerConfig
+from workloads.files import write_text_atomic
 from workloads.slo import SLO
 from workloads.trace import Trace
 
@@ -118,18 +119,6 @@ class ValidationResult:
     run_dirs: dict[str, list[Path]]  # label -> one folder per repeat
     wall_s: float
     server_s: float
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def check_writable(directory: Path) -> None:
@@ -1000,7 +989,7 @@ class TuningStudy:
                     host=host,
                 )
             )
-            atomic_write_text(
+            write_text_atomic(
                 record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
             )
             status = "SLOs met" if evaluation.slo_met else _slo_text(evaluation)

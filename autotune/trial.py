@@ -8,10 +8,7 @@ Ctrl-C (after stopping the server and writing `outcome.json`) and bugs propagate
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +36,7 @@ from autotune.scraper import (
 )
 from autotune.signals import stop_reason
 from server.config import ServerConfig
+from workloads.files import write_text_atomic
 from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay, write_records
 from workloads.replay_workers import replay_with_workers
 from workloads.slo import SLO
@@ -148,18 +146,6 @@ class _Trial:
             teardown=self.teardown,
             capacity=self.capacity,
         )
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 class TrialRunner:
@@ -436,18 +422,18 @@ class TrialRunner:
         """Write the result files (what exists) and `outcome.json`; return the outcome."""
         if trial.result is not None:
             write_records(trial.dir / "requests.jsonl", trial.result.records)
-            _write_atomic(
+            write_text_atomic(
                 trial.dir / "summary.json", trial.result.summary.model_dump_json(indent=2) + "\n"
             )
         if trial.metrics is not None:
-            _write_atomic(
+            write_text_atomic(
                 trial.dir / "server_metrics.json", trial.metrics.model_dump_json(indent=2) + "\n"
             )
         if trial.capacity is not None:
-            _write_atomic(
+            write_text_atomic(
                 trial.dir / "ladder.json", trial.capacity.model_dump_json(indent=2) + "\n"
             )
         outcome = trial.outcome()
-        _write_atomic(trial.dir / "outcome.json", outcome.model_dump_json(indent=2) + "\n")
+        write_text_atomic(trial.dir / "outcome.json", outcome.model_dump_json(indent=2) + "\n")
         return outcome
 

@@ -23,7 +23,6 @@ import dataclasses
 import difflib
 import json
 import os
-import tempfile
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +38,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from workloads.files import write_text_atomic
 
 if TYPE_CHECKING:  # importing vLLM takes seconds; only the functions that need it do
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -385,14 +386,7 @@ class ServerConfig(BaseModel):
         lines = [f"# {line}".rstrip() for line in (header or "").splitlines()]
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, allow_unicode=True)
         text = "\n".join(lines + [body]) if lines else body
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, text)  # owner-only (0600): a config may hold an API token
 
     def engine_args(self) -> AsyncEngineArgs:
         """The vLLM engine arguments (our `vllm_autotune` section is never part of them)."""

@@ -40,7 +40,7 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
-from autotune.study import atomic_write_text
+from workloads.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("Faults during a study", "Bad input", "Overload", "Security defaults")
@@ -147,8 +147,8 @@ class ReliabilityLog:
             for record in self.records:
                 merged[record.name] = record
             ordered = sorted(merged.values(), key=lambda r: (GROUPS.index(r.group), r.test, r.name))
-            atomic_write_text(json_path, _RecordFile(scenarios=ordered).model_dump_json(indent=2) + "\n")
-            atomic_write_text(self.directory / "reliability.md", render(ordered))
+            write_text_atomic(json_path, _RecordFile(scenarios=ordered).model_dump_json(indent=2) + "\n")
+            write_text_atomic(self.directory / "reliability.md", render(ordered))
 
 
 def test_exists(node_id: str) -> bool:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 from workloads.errors import WorkloadError
+from workloads.files import write_text_atomic
 from workloads.trace import Trace, TraceWarning, read_trace, write_trace
 
 EXIT_DRIFT = 3
@@ -258,21 +257,9 @@ def _window(args: argparse.Namespace) -> int:
         out = Path(args.out_dir)
         write_trace(out / "tuning.jsonl", tuning)
         write_trace(out / "holdout.jsonl", holdout)
-        _write_text(out / "windows.json", info.model_dump_json(indent=2) + "\n")
+        write_text_atomic(out / "windows.json", info.model_dump_json(indent=2) + "\n")
         print(f"wrote {out / 'tuning.jsonl'}, {out / 'holdout.jsonl'}, {out / 'windows.json'}")
     return 0
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _drift(args: argparse.Namespace) -> int:

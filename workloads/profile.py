@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats
 
 from workloads.errors import WorkloadError
+from workloads.files import atomic_file
 from workloads.trace import Trace
 
 PROFILE_VERSION = 1
@@ -443,11 +444,10 @@ def write_plots(trace: Trace, profile: TraceProfile, out_dir: str | Path) -> lis
 
     def save(fig: Any, name: str) -> None:
         path = folder / name
-        tmp = folder / f".{name}.tmp.png"
         fig.tight_layout()
-        fig.savefig(tmp, dpi=100)
+        with atomic_file(path, "wb", shared=True) as out:
+            fig.savefig(out, format="png", dpi=100)
         plt.close(fig)
-        tmp.replace(path)
         written.append(path)
 
     fig, ax = plt.subplots(figsize=(9, 3))

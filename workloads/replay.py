@@ -49,7 +49,6 @@ import asyncio
 import json
 import logging
 import os
-import tempfile
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
@@ -62,6 +61,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from workloads.errors import WorkloadError
+from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
 from workloads.slo import SLO, request_is_good, request_tpot_ms, request_value_ms, slo_met
 from workloads.trace import Trace
@@ -183,24 +183,12 @@ class ReplayResult(BaseModel):
     def write(self, records_path: str | os.PathLike[str], summary_path: str | os.PathLike[str]) -> None:
         """Per-request JSONL and the summary JSON, each written atomically."""
         write_records(records_path, self.records)
-        _write_atomic(Path(summary_path), self.summary.model_dump_json(indent=2) + "\n")
+        write_text_atomic(Path(summary_path), self.summary.model_dump_json(indent=2) + "\n")
 
 
 def write_records(path: str | os.PathLike[str], records: Iterable[RequestRecord]) -> None:
     """One RequestRecord per JSONL line, written atomically."""
-    _write_atomic(Path(path), "".join(record.model_dump_json() + "\n" for record in records))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(Path(path), "".join(record.model_dump_json() + "\n" for record in records))
 
 
 def _stats(values: np.ndarray, name: str) -> dict[str, float | None]:

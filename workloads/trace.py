@@ -19,13 +19,11 @@ import gc
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain, islice, repeat
-from pathlib import Path
 from types import NoneType
 from typing import Any, overload
 
@@ -33,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workloads.errors import TraceError, WorkloadError
+from workloads.files import atomic_file
 
 try:
     import orjson
@@ -726,25 +725,13 @@ def write_trace(
 ) -> None:
     """Write JSONL atomically (temp file in the same folder, then `os.replace`); timestamps
     are written to microsecond precision."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            if isinstance(trace_or_requests, Trace):
-                _write_columns(out, trace_or_requests)
-            else:
-                for request in trace_or_requests:
-                    out.write(_request_line(request))
-                    out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        # mkstemp creates 0600; a trace is an ordinary shared file.
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, shared=True) as out:  # a trace is an ordinary shared file
+        if isinstance(trace_or_requests, Trace):
+            _write_columns(out, trace_or_requests)
+        else:
+            for request in trace_or_requests:
+                out.write(_request_line(request))
+                out.write("\n")
 
 
 def _write_columns(out: Any, trace: Trace) -> None:
