@@ -48,7 +48,7 @@ from autotune.plan import (
     TuningPlan,
     TuningRequest,
 )
-from autotune.progress import parse_duration
+from autotune.progress import parse_duration, say
 from server.config import ServerConfig
 from server.recorder import read_recording
 from workloads.files import atomic_file
@@ -590,7 +590,3 @@ def print_plan(
         f"  on a win: write {versioned} and {versioned.parent / 'best.yaml'} (exit 10); "
         "else exit 11"
     )
-
-
-def say(line: str) -> None:
-    print(line, flush=True)

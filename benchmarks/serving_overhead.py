@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
+from autotune.launcher import free_port
 from server.config import ServerConfig, ServingSettings
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")
@@ -205,12 +205,6 @@ async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace
             return ttft, last - sent, count
 
         return await measure(prompts, args, send)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_server(command: list[str], url: str, log_path: Path, timeout_s: float = 300):

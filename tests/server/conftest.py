@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autotune.launcher import free_port
 from server.config import (
     RecorderSettings,
     ServerConfig,
@@ -58,12 +58,6 @@ class RunningServer:
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def stop_process_group(process: subprocess.Popen, timeout_s: float = 30) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from autotune.launcher import free_port
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
 from workloads.replay import CLIENT_LAG_WARN_MS, ReplayMode, ReplaySummary, replay, summarize
@@ -64,12 +64,6 @@ def trace_of(
 
 def run(trace: Trace, url: str, **kwargs):
     return asyncio.run(replay(trace, url, **kwargs))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- what one request measures --------------------------------------------------------------
