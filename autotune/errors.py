@@ -15,6 +15,8 @@ own outcome codes 3, 10 and 11, see autotune.retune):
 
 import argparse
 
+from workloads.errors import VllmAutotuneError
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -44,10 +46,10 @@ class HelpFormatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
-class AutotuneError(Exception):
+class AutotuneError(VllmAutotuneError):
     """A one-line, actionable message about bad tuner input or state."""
 
 
-class NothingMeasured(Exception):
+class NothingMeasured(VllmAutotuneError):
     """The baseline could not be measured, so no figure of the study can be trusted and
     nothing is exported. The message is one line: what failed and what to look at."""

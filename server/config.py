@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from workloads.errors import VllmAutotuneError
 from workloads.files import write_text_atomic
 
 if TYPE_CHECKING:  # importing vLLM takes seconds; only the functions that need it do
@@ -54,7 +55,7 @@ DEFAULT_MAX_MODEL_LEN = 2048
 PROGRAMMATIC = "<config>"  # the `path` of errors about a config built in code
 
 
-class ConfigError(ValueError):
+class ConfigError(VllmAutotuneError, ValueError):
     """A configuration the user wrote (or passed) that cannot be used.
 
     `str()` is `"{path}[:{line}]: key '{key}' = {value!r}: {reason}"`, or

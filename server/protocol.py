@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from workloads.errors import VllmAutotuneError
+
 # ISO 639-1 codes the /translate prompt templates know, with the names the prompt uses.
 LANGUAGES: dict[str, str] = {
     "en": "English",
@@ -26,7 +28,7 @@ LANGUAGES: dict[str, str] = {
 }
 
 
-class RequestError(Exception):
+class RequestError(VllmAutotuneError):
     """A request the client must change: answered 4xx as {"error": {"message", "field"}}."""
 
     def __init__(

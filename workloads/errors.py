@@ -1,11 +1,23 @@
-"""Errors a user can cause with traffic files and traffic options."""
+"""The project's error root, and the errors a user can cause with traffic files and options.
+
+`VllmAutotuneError` is the root of every error this project raises on purpose; each area has
+its subtree: `WorkloadError` (traffic, here), `server.config.ConfigError` and
+`server.protocol.RequestError` (the server), `autotune.errors.AutotuneError` and
+`NothingMeasured` (the tuner). The root lives here because `workloads` is the bottom layer
+that `server` and `autotune` both import.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class WorkloadError(ValueError):
+class VllmAutotuneError(Exception):
+    """Root of the project's errors: a one-line message naming what is wrong (file, line,
+    field, value) and how to fix it."""
+
+
+class WorkloadError(VllmAutotuneError, ValueError):
     """Bad traffic input: the message names what is wrong and how to fix it."""
 
 

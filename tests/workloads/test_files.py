@@ -29,3 +29,4 @@ def test_owner_only_by_default_and_shared_when_asked(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "config.yaml").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "trace.jsonl").stat().st_mode) == 0o644
     assert (tmp_path / "plot.png").read_bytes() == b"\x89PNG"
+
