@@ -1,12 +1,11 @@
 """`autotune run` end to end on the real CPU engine (slow: each engine start is ~30-60 s).
 
-Kept to six engine starts in all: a tuner SIGKILLed mid-trial (its server and engine core
-stop by themselves within 15 s) then resumed (completed trials intact, the study finishes);
-SIGTERM mid-trial (the server group stopped within 15 s, exit 143); and issue 20's long-prompt
-trace measured with `--over-context cap` (the capped requests counted in the report and
-best.yaml) in a study whose searched config runs out of memory (the failure is classified,
-the study goes on, best.yaml and report.md are written): one study, two starts, where these
-two were once separate tests of two starts each.
+Kept to seven engine starts in all: a short study whose searched config runs out of memory
+(the failure is classified, the study goes on, best.yaml and report.md are written); a tuner
+SIGKILLed mid-trial (its server and engine core stop by themselves within 15 s) then resumed
+(completed trials intact, the study finishes); SIGTERM mid-trial (the server group stopped
+within 15 s, exit 143); and issue 20's long-prompt trace measured with `--over-context cap`
+(the capped requests counted in the report and best.yaml).
 
 p50 SLOs keep the windows short: a p95 needs 200 requests per window (autotune.preflight).
 """
@@ -48,6 +47,39 @@ def autotune(*args: str | Path) -> list[str]:
 
 def load(out: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{(out / 'study.db').resolve()}")
+
+
+def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: Path) -> None:
+    # A KV-cache share below what the engine itself already holds (64 MiB of this machine's
+    # RAM): vLLM's CPU worker refuses it while sizing the KV cache, after loading the model.
+    share = 64 * 2**20 / psutil.virtual_memory().total
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "extend_defaults: false\nparams:\n"
+        f"  gpu_memory_utilization: {{type: float, low: {share:.6f}, high: {1.5 * share:.6f}}}\n"
+    )
+    out = tmp_path / "out"
+    done = subprocess.run(
+        autotune("--trials", "2", "--space", space, "--output-dir", out, "--study-name", "e2e", *P50_SLOS),
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = load(out, "e2e")
+    baseline, starved = study.trials
+    assert baseline.user_attrs["baseline"] and baseline.user_attrs["failure"] is None
+    assert starved.user_attrs["failure"] == "oom", starved.user_attrs
+    assert "memory" in starved.user_attrs["failure_detail"]  # one line saying why
+    assert starved.state == TrialState.COMPLETE and starved.constraints["ran"] > 0
+    # Nothing beat the baseline, so best.yaml holds it and says so, loudly, with its figures.
+    best = ServerConfig.load(out / "best.yaml")
+    assert best.provenance["decision"]["kept_baseline"] is True
+    assert best.engine["gpu_memory_utilization"] == 0.3
+    assert "req/s goodput on the tuning window (trial-0000)" in best.provenance["decision"]["baseline_standing"]
+    assert "KEPT THE BASELINE" in done.stdout
+    report = (out / "report.md").read_text()
+    assert report.startswith("# The baseline was kept")
+    assert "THE BASELINE WAS KEPT" in report and "Baseline measured: " in report and "trial-0001" in report
+    assert (out / "history.png").stat().st_size > 0
 
 
 def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, reliability) -> None:
@@ -181,22 +213,12 @@ def test_a_long_prompt_trace_capped_to_the_context_is_measured_end_to_end(
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert converted.returncode == 0, converted.stderr
-    # The searched config runs out of memory (once test_a_config_out_of_memory_is_classified_
-    # and_the_study_finishes, merged here to save a baseline's engine start and window): a
-    # KV-cache share below what the engine itself already holds (64 MiB of this machine's
-    # RAM): vLLM's CPU worker refuses it while sizing the KV cache, after loading the model.
-    share = 64 * 2**20 / psutil.virtual_memory().total
-    space = tmp_path / "space.yaml"
-    space.write_text(
-        "extend_defaults: false\nparams:\n"
-        f"  gpu_memory_utilization: {{type: float, low: {share:.6f}, high: {1.5 * share:.6f}}}\n"
-    )
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "run", "--workload", str(trace_path), "--over-context", "cap",
-         "--trials", "2", "--space", str(space), "--tuning-window", "20", "--holdout-window", "20",
-         "--top-k", "1", "--repeats", "1", "--slo", "ttft_p50_ms=5000", "--slo", "tpot_p50_ms=500",
-         "--objective", "goodput", "--output-dir", str(out), "--study-name", "e2e"],
+         "--trials", "1", "--tuning-window", "20", "--holdout-window", "20", "--top-k", "1",
+         "--repeats", "1", "--slo", "ttft_p50_ms=5000", "--slo", "tpot_p50_ms=500", "--objective", "goodput",
+         "--output-dir", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -214,23 +236,6 @@ def test_a_long_prompt_trace_capped_to_the_context_is_measured_end_to_end(
     assert ServerConfig.load(out / "best.yaml").provenance["workload"]["preflight"]["context"]["capped"] == capped
     reliability.held("report.md, best.yaml's header and its provenance state how many requests were capped")
     reliability.figure("requests capped", capped)
-
-    # The searched config that ran out of memory: classified, the study went on and finished.
-    study = load(out, "e2e")
-    baseline, starved = study.trials
-    assert baseline.user_attrs["baseline"] and baseline.user_attrs["failure"] is None
-    assert starved.user_attrs["failure"] == "oom", starved.user_attrs
-    assert "memory" in starved.user_attrs["failure_detail"]  # one line saying why
-    assert starved.state == TrialState.COMPLETE and starved.constraints["ran"] > 0
-    # Nothing beat the baseline, so best.yaml holds it and says so, loudly, with its figures.
-    best_config = ServerConfig.load(out / "best.yaml")
-    assert best_config.provenance["decision"]["kept_baseline"] is True
-    assert best_config.engine["gpu_memory_utilization"] == 0.3
-    assert "req/s goodput on the tuning window (trial-0000)" in best_config.provenance["decision"]["baseline_standing"]
-    assert "KEPT THE BASELINE" in done.stdout
-    assert report.startswith("# The baseline was kept")
-    assert "THE BASELINE WAS KEPT" in report and "Baseline measured: " in report and "trial-0001" in report
-    assert (out / "history.png").stat().st_size > 0
 
 
 def healthy(port: int) -> bool:
