@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import logging
 import os
 import re
 import signal
@@ -57,6 +58,14 @@ _INVALID_CONFIG = re.compile(r"validation error for \w*Config\b|ConfigError")
 _PYDANTIC_REASON = re.compile(r"^\s*Value error, ")
 _ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*:|^\S*error:|^\S*Error\b")
 _LOG_TAIL_LINES = 40
+# The server under test runs at this nice value (and so does its session's autogroup):
+# on a host it shares with the load client, the client must never wait for a CPU behind
+# the server it measures. Measured on the 2-core CI machine, where vLLM's engine core
+# spins on its worker's queue: send lag p99 2,070 ms and TTFT p95 2,435 ms at 3 req/s with
+# both at 0; 1 ms and 14 ms with the server's autogroup at 10 (same server, same traffic).
+SERVER_NICE = 10
+
+logger = logging.getLogger(__name__)
 
 
 class ServerStartFailed(Exception):
@@ -431,6 +440,27 @@ class ServerProcess:
         return list(alive.values())
 
 
+def yield_cpu_to_clients(pid: int, nice: int = SERVER_NICE) -> None:
+    """Lower a just-spawned server's CPU priority below the load client's (see SERVER_NICE).
+
+    Sets the process's nice value (inherited by the engine processes it starts later) and,
+    when the server leads its own session, its autogroup's: with autogroup scheduling (the
+    Linux default) CPU time is shared between sessions first, so a nice value alone would
+    only rank the server's own processes against each other. Where either is not allowed
+    or not available the server runs as it is, and measurements say so through send lag.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError as exc:
+        logger.debug("could not renice server %d: %s", pid, exc)
+    try:
+        # Only a session leader's autogroup is the server's alone (not the caller's).
+        if os.getsid(pid) == pid:
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError as exc:
+        logger.debug("could not renice server %d's autogroup: %s", pid, exc)
+
+
 class ServerLauncher:
     """Starts `python -m server --config FILE --port P --benchmark-mode` and waits for it.
 
@@ -506,6 +536,7 @@ class ServerLauncher:
                 start_new_session=True,
                 env=env,
             )
+        yield_cpu_to_clients(popen.pid)
         server = ServerProcess(
             popen,
             host=self.host,

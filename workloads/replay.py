@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 # Above this send-lag p99 the client is not keeping the schedule: the run measures the
 # replayer as much as the server, so the summary says so.
 CLIENT_LAG_WARN_MS = 10.0
+CLIENT_KEEPALIVE_S = 2.0  # below the 5 s after which uvicorn / `vllm serve` drop idle connections
 # How much of an error response body goes into the record (one line, bounded).
 _ERROR_BODY_CHARS = 300
 
@@ -708,7 +709,11 @@ def client_session(mode: ReplayMode, api_token: str | None) -> aiohttp.ClientSes
         headers["Authorization"] = f"Bearer {api_token}"
     # Closed loop: exactly N connections, kept alive. Open loop: never let the pool hold a
     # request back (that would be unmeasured client-side queueing): no limit (0).
-    connector = aiohttp.TCPConnector(limit=mode.concurrency or 0, limit_per_host=0)
+    # Idle connections are dropped after 2 s, before the server drops them (uvicorn and
+    # `vllm serve` close idle keep-alive connections after 5 s; aiohttp keeps them 15 s):
+    # a request sent on a connection the server is closing fails as "Server disconnected".
+    connector = aiohttp.TCPConnector(limit=mode.concurrency or 0, limit_per_host=0,
+                                     keepalive_timeout=CLIENT_KEEPALIVE_S)
     return aiohttp.ClientSession(
         connector=connector,
         headers=headers,

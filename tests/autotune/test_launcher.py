@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from autotune.launcher import (
+    SERVER_NICE,
     ServerLauncher,
     ServerStartFailed,
     StaleServerRegistry,
@@ -76,6 +77,25 @@ def test_ready_server_answers_then_stop_ends_whole_group(tmp_path: Path) -> None
     assert not alive(server.pid) and not alive(children[0])
     assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
     assert "--benchmark-mode" in log.read_text().splitlines()[0]
+
+
+def test_the_server_and_the_processes_it_starts_yield_the_cpu_to_the_load_client(tmp_path: Path) -> None:
+    """On a shared host the replayer must not queue for a CPU behind the server it measures:
+    the server, the children it starts (vLLM's engine core and worker) and its session's
+    autogroup (which CPU time is shared by first) all run at SERVER_NICE."""
+    config = behaviour_file(tmp_path, spawn_child=True)
+    log = tmp_path / "server.log"
+    own_nice = psutil.Process().nice()
+    server = launcher(tmp_path).start(config, log)
+    try:
+        child = psutil.Process(child_pids_from_log(log)[0])
+        assert psutil.Process(server.pid).nice() == child.nice() == SERVER_NICE > own_nice
+        autogroup = Path(f"/proc/{server.pid}/autogroup")
+        if autogroup.exists():
+            assert autogroup.read_text().split()[-1] == str(SERVER_NICE)
+            assert autogroup.read_text() != Path("/proc/self/autogroup").read_text()
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow  # a server holding 1 GiB, up to three times

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.launcher import free_port
+from autotune.launcher import free_port, yield_cpu_to_clients
 from server.config import (
     RecorderSettings,
     ServerConfig,
@@ -116,6 +116,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the engine core dies with it
         )
+    yield_cpu_to_clients(process.pid)  # as autotune does: the tests' clients come first
     url = f"http://127.0.0.1:{port}"
     try:
         saw_503 = wait_until_healthy(url, process, log_path)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.launcher import yield_cpu_to_clients
+
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 
 
@@ -16,8 +18,10 @@ ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 def echo() -> Iterator[str]:
     """The echo server (tests/workloads/echo_server.py) in its own process: its base URL."""
     process = subprocess.Popen(
-        [sys.executable, str(ECHO_SERVER), "--port", "0"], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(ECHO_SERVER), "--port", "0"], stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
     )
+    yield_cpu_to_clients(process.pid)  # like a launched server: the replayer under test first
     try:
         line = process.stdout.readline() if process.stdout else ""
         assert line.startswith("PORT "), f"echo server did not start: {line!r}"

@@ -18,7 +18,14 @@ import pytest
 from autotune.launcher import free_port
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
-from workloads.replay import CLIENT_LAG_WARN_MS, ReplayMode, ReplaySummary, replay, summarize
+from workloads.replay import (
+    CLIENT_LAG_WARN_MS,
+    ReplayMode,
+    ReplaySummary,
+    client_session,
+    replay,
+    summarize,
+)
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -404,3 +411,18 @@ def test_cli_rejects_bad_options_with_a_workload_error(tmp_path: Path, flags, me
     trace_file.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1}\n')
     with pytest.raises(WorkloadError, match=message):
         cli(["replay", "--workload", str(trace_file), "--url", "http://127.0.0.1:9"] + flags)
+
+
+def test_the_client_drops_idle_connections_before_the_server_does() -> None:
+    """A request sent on a keep-alive connection the server is just closing fails as
+    "Server disconnected" (seen in CI between ladder steps): the client must let go first."""
+    import inspect
+
+    import uvicorn
+
+    async def keepalive() -> float:
+        async with client_session(ReplayMode.parse("timed"), None) as session:
+            return session.connector._keepalive_timeout  # aiohttp keeps no public getter
+
+    server_idle_s = inspect.signature(uvicorn.Config).parameters["timeout_keep_alive"].default
+    assert asyncio.run(keepalive()) < server_idle_s
