@@ -50,8 +50,10 @@ from workloads.trace import Trace
 
 logger = logging.getLogger(__name__)
 
-# What one worker is asked to send: below the ~300 req/s one loop keeps within 2 ms p99.
-RATE_PER_WORKER = 200.0
+# What one worker is asked to send. Measured on the H100 host's 16 cores (results/benchmarks/
+# replayer_rate_gpu_host.md): at 1,000 req/s send-lag p99 was 33-41 ms with one process,
+# 23-27 with two, 5-9 with four and 2.0-2.7 with eight (one per 125 req/s).
+RATE_PER_WORKER = 125.0
 # Between the last worker saying "ready" and the common start: time for the start instant to
 # reach every worker before its first deadline.
 START_MARGIN_S = 0.1
