@@ -34,7 +34,8 @@ exit status:
   130  stopped by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP: the trial's server was stopped
        and the trial closed; --resume continues the study
   retune also: 0 no drift (nothing started), 3 drift found (--dry-run), 10 a new config
-       was written, 11 drift but the deployed config stays"""
+       was written, 11 drift but the deployed config stays (capacity objective: it still
+       carries --headroom x the current traffic, one launch, no study; or no config beat it)"""
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -37,6 +37,9 @@ DEFAULT_TOP_K = 3
 DEFAULT_REPEATS = 3
 DEFAULT_LADDER_RESOLUTION = 0.1
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
+# Capacity over the recorded rate a config must keep (retune: the deployed config stays while
+# it carries this many times the current traffic).
+DEFAULT_HEADROOM = 1.5
 
 # The plan's fields that belong to one process (where it writes, which study it opens), not
 # to the study: left out of the form stored for workers.

@@ -5,16 +5,24 @@
 1. Drift check: the current traffic (a trace, or the server recorder's folder) against the
    profile stored in the deployed config's provenance (or `--reference`). No drift and no
    `--force`: exit 0, nothing launched.
-2. A study warm-started from the previous one: the deployed config is the baseline (trial 0,
+2. Capacity check (capacity objective, drift, no `--force`): the deployed config is launched
+   once and its capacity measured on the current traffic's tuning window by the load ladder
+   (autotune.capacity_check), into `deployed-capacity.json` in the re-tune's folder. While it
+   carries at least `--headroom` H times the current recorded rate it stays: exit 11, no study.
+   Below H the study runs, with that measurement as its trial 0 (the baseline is not launched
+   again). Under the other objectives (goodput, throughput, pareto) every drift re-tunes.
+3. A study warm-started from the previous one: the deployed config is the baseline (trial 0,
    and what the gate compares against); then the previous study's best trials and the
    deployed config's neighbours (one step along each searched parameter) are enqueued before
    the sampler proposes anything. `autotune run`'s own plan and pipeline run it.
-3. Only a config that beats the deployed one in the gate is written: `best-v{N}.yaml` and,
+4. Only a config that beats the deployed one in the gate is written: `best-v{N}.yaml` and,
    atomically, `best.yaml` beside it (the deployment reads `best.yaml`). Its provenance holds
    the profile of the traffic it was tuned on, which the next `retune` compares against.
 
 Exit status, for a scheduler: 0 no drift (nothing done), 10 a new config was written (restart
-the servers), 11 drift but the deployed config stays (no winner), 3 drift found in --dry-run,
+the servers), 11 drift but the deployed config stays (it still carries H x the current traffic,
+or the study found no winner; deployed-capacity.json and the report say which), 3 drift found
+in --dry-run,
 2 bad input (refused before any server started), 12 the deployed config could not be measured
 on the current traffic (nothing written beside the study's report), 1 failure, 143 / 129 / 130
 stopped by SIGTERM / SIGHUP / Ctrl-C (the trial's server stopped; nothing published).
@@ -39,7 +47,9 @@ from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.export import export_best, header_text
 from autotune.launcher import reap_stale_servers
 from autotune.plan import (
+    DEFAULT_HEADROOM,
     DEFAULT_HOLDOUT_S,
+    DEFAULT_LADDER_RESOLUTION,
     DEFAULT_REPEATS,
     DEFAULT_STARTUP_TIMEOUT_S,
     DEFAULT_TOP_K,
@@ -74,9 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Check the current traffic for drift against the deployed config's tuning traffic; "
             "if it drifted (or with --force), run a study warm-started from the deployed config "
             "and write best-v{N}.yaml + best.yaml only if a config beats the deployed one. "
+            "Under the capacity objective a drift first re-measures the deployed config's "
+            "capacity on the current traffic (one launch) and keeps it while it carries "
+            "--headroom times the current rate. "
             "Exit status: 0 no drift, 10 new config written, 11 drift but the deployed config "
-            "stays, 3 drift found (--dry-run), 2 bad input, 12 the deployed config could not be "
-            "measured (nothing published), 1 failure."
+            "stays (enough headroom, or no winner), 3 drift found (--dry-run), 2 bad input, "
+            "12 the deployed config could not be measured (nothing published), 1 failure."
         ),
         epilog=EXIT_CODES_HELP,
         formatter_class=HelpFormatter,
@@ -104,7 +117,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="drift reference (trace, profile .json or best.yaml); default: the profile in "
         "--config's provenance, else the trace it was tuned on",
     )
-    add("--force", action="store_true", help="re-tune even without drift")
+    add(
+        "--force",
+        action="store_true",
+        help="re-tune even without drift, and without the capacity check",
+    )
     add("--dry-run", action="store_true", help="check drift and print the plan; start no server")
     add(
         "--output-dir",
@@ -145,7 +162,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add(
         "--objective",
         default=None,
-        help="goodput, throughput or pareto[:METRIC_pPCT] (default: the deployed config's)",
+        help="capacity, goodput, throughput or pareto[:METRIC_pPCT] (default: the deployed "
+        "config's, else goodput). Only capacity measures the deployed config first and keeps it "
+        "while it has --headroom; the others re-tune on every drift",
+    )
+    add(
+        "--headroom",
+        type=float,
+        default=DEFAULT_HEADROOM,
+        metavar="H",
+        help="capacity objective: the deployed config stays while its capacity on the current "
+        "traffic is at least H x the traffic's recorded rate (exit 11, no study) "
+        "(default: %(default)s)",
+    )
+    add(
+        "--step-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="capacity ladder: requests per load step, at least (default: 200 on GPU, 60 on CPU)",
+    )
+    add(
+        "--ladder-resolution",
+        type=float,
+        default=DEFAULT_LADDER_RESOLUTION,
+        metavar="R",
+        help="capacity ladder: stop bisecting when the failing rate is within this fraction "
+        "of the passing one (default: %(default)s)",
     )
     add(
         "--storage",
@@ -279,6 +322,11 @@ def check_flags(args: argparse.Namespace) -> None:
         raise AutotuneError(f"--warm-start {args.warm_start}: must be 0 or more")
     if args.top_k < 1 or args.repeats < 1:
         raise AutotuneError("--top-k and --repeats must be at least 1")
+    if not args.headroom >= 1:
+        raise AutotuneError(
+            f"--headroom {args.headroom}: must be at least 1 (1 = the deployed config just "
+            "carries the current traffic), e.g. 1.5"
+        )
     if not args.current.exists():
         raise AutotuneError(f"--current {args.current}: no such trace file or recorder folder")
 
@@ -414,6 +462,7 @@ def warm_start_trials(
 def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     """The CLI entry; `runner` replaces the TrialRunner (tests)."""
     from autotune import pipeline
+    from autotune.capacity_check import CHECK_FILE
     from autotune.study import check_writable
     from workloads.drift import compare
 
@@ -439,14 +488,22 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     if args.dry_run:
         with tempfile.TemporaryDirectory(prefix="retune-dry-run-") as scratch:
             plan, warm = prepare(args, deployed, current, Path(scratch), study_name)
-        print_plan(plan, warm, out_dir / study_name, out_dir / f"best-v{version}.yaml", why)
+        checks = plan.objective.uses_ladder and not args.force
+        print_plan(plan, warm, out_dir / study_name, out_dir / f"best-v{version}.yaml", why,
+                   headroom=args.headroom if checks else None)
         return EXIT_DRY_RUN_DRIFT if report.drifted else EXIT_NO_DRIFT
 
     work_dir = out_dir / study_name
     plan, warm = prepare(args, deployed, current, work_dir, study_name)
-    say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {args.config})")
     if runner is None:
-        runner = pipeline.build_runner(plan, registry=work_dir / "servers.json")
+        runner = pipeline.build_runner(plan, registry=work_dir / "servers.json", say=say)
+    if plan.objective.uses_ladder and not args.force:
+        check, runner = measure_deployed(args, plan, runner)
+        say(check.line())
+        if check.keep:
+            say(f"measurement: {plan.output_dir / CHECK_FILE}; nothing published")
+            return EXIT_KEPT_DEPLOYED
+    say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {args.config})")
     run_study(plan, warm, runner=runner)
     return publish(args, deployed, current, report, plan, warm, out_dir, version)
 
@@ -490,6 +547,8 @@ def prepare(
         space=args.space,
         slos=args.slo or provenance.get("slos") or None,
         objective=args.objective or provenance.get("objective") or "goodput",
+        step_requests=args.step_requests,
+        ladder_resolution=args.ladder_resolution,
         seed=args.seed,
         tuning_window_s=args.tuning_window,
         holdout_window_s=args.holdout_window,
@@ -503,6 +562,23 @@ def prepare(
     limit = min(args.warm_start, max(0, args.trials - 1))
     warm = warm_start_trials(deployed, plan.space, plan.effective_defaults, limit)
     return plan, warm
+
+
+def measure_deployed(args: argparse.Namespace, plan: TuningPlan, runner: Any) -> tuple[Any, Any]:
+    """The capacity check: the deployed config launched once on the current tuning window,
+    exactly as the study's baseline trial would be (same config, window and trial folder).
+    Returns the check (also written to deployed-capacity.json) and the runner for the study,
+    which answers the baseline trial with this measurement instead of a second launch."""
+    from autotune import pipeline
+    from autotune.capacity_check import CHECK_FILE, DeployedCapacityCheck, PremeasuredRunner
+
+    tuning = pipeline.build_study(plan, runner=runner)  # measures nothing: names and config
+    config, trial_dir = tuning.trial_config({}), tuning.trial_dir(0)
+    check, outcome = DeployedCapacityCheck(runner, needed_headroom=args.headroom, say=say).run(
+        config, plan.tuning_window, trial_dir, source=str(args.config)
+    )
+    check.write(plan.output_dir / CHECK_FILE)
+    return check, PremeasuredRunner(runner, config=config, trial_dir=trial_dir, outcome=outcome)
 
 
 def run_study(plan: TuningPlan, warm: list[WarmStart], *, runner: Any) -> None:
@@ -568,10 +644,25 @@ def publish(
 
 
 def print_plan(
-    plan: TuningPlan, warm: list[WarmStart], work_dir: Path, versioned: Path, why: str
+    plan: TuningPlan,
+    warm: list[WarmStart],
+    work_dir: Path,
+    versioned: Path,
+    why: str,
+    *,
+    headroom: float | None = None,
 ) -> None:
+    """`headroom`: the capacity check's H, None when no check would run."""
+    from autotune.ladder import recorded_rate
+
     tuning, holdout = plan.tuning_window, plan.holdout_window
     say(f"dry run ({why}): no server started. The re-tune would:")
+    if headroom is not None:
+        say(
+            f"  first launch the deployed config once and measure its capacity on the tuning "
+            f"window; keep it (exit 11, no study) if it carries >= {headroom:g}x the recorded "
+            f"{recorded_rate(tuning):.3g} req/s, else re-tune with that launch as the baseline"
+        )
     say(f"  study {plan.study_name} in {work_dir}")
     say(
         f"  baseline: {plan.baseline_source} (the deployed config; the gate compares against it)"

@@ -652,6 +652,10 @@ class TuningStudy:
     def _explicit(config: ServerConfig) -> dict[str, Any]:
         return {k: v for k, v in config.engine.items() if v is not None}
 
+    def trial_dir(self, number: int) -> Path:
+        """Where the search trial `number` writes its files."""
+        return self.options.output_dir / "trials" / trial_label(number)
+
     def trial_config(self, params: dict[str, Any]) -> ServerConfig:
         """The baseline with `params` on top, in benchmark mode (exact output lengths)."""
         engine = {**self.baseline.engine, **params}
@@ -684,7 +688,7 @@ class TuningStudy:
     def _run_asked(self, study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
         baseline = bool(trial.user_attrs.get("baseline"))
         label = trial_label(trial.number)
-        trial_dir = self.options.output_dir / "trials" / label
+        trial_dir = self.trial_dir(trial.number)
         for key, value in self.trial_attrs.items():
             trial.set_user_attr(key, value)
         retry_of = study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")

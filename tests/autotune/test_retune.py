@@ -6,6 +6,7 @@ end to end is in test_retune_engine.py.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,10 @@ import optuna
 import pytest
 
 from autotune import retune
+from autotune.capacity_check import CHECK_FILE
 from autotune.cli import USER_ERRORS, build_parser
+from autotune.errors import NothingMeasured
+from autotune.ladder import CapacityResult, LadderStep, recorded_rate
 from autotune.space import SearchSpace
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
@@ -77,10 +81,12 @@ def drifted_trace() -> Trace:
     return translation(TranslationSpec(duration_s=400, mean_rps=6, median_input=120), seed=1)
 
 
-def deploy(folder: Path, *, max_num_seqs: int = 2, profile: bool = True) -> Path:
+def deploy(
+    folder: Path, *, max_num_seqs: int = 2, profile: bool = True, objective: str = "goodput"
+) -> Path:
     """A deployed best.yaml as `autotune run` would leave it, plus a recorder section."""
     folder.mkdir(parents=True, exist_ok=True)
-    provenance: dict[str, Any] = {"slos": SLOS, "objective": "goodput", "date": "2025-01-01"}
+    provenance: dict[str, Any] = {"slos": SLOS, "objective": objective, "date": "2025-01-01"}
     if profile:
         provenance["profile"] = profile_trace(reference_trace()).model_dump(mode="json")
     config = ServerConfig(
@@ -172,6 +178,8 @@ def test_drift_without_a_better_config_keeps_the_deployed_one(tmp_path, traces) 
     assert cli(argv, ScoringRunner(flat=True)) == retune.EXIT_KEPT_DEPLOYED
     assert deployed.read_text() == original
     assert not list(deployed.parent.glob("best-v*.yaml"))
+    # Not the capacity objective: the study ran without a capacity check first.
+    assert not list(deployed.parent.glob(f"*/{CHECK_FILE}"))
 
 
 def test_force_retunes_without_drift(tmp_path, traces) -> None:
@@ -218,6 +226,8 @@ def test_output_dir_leaves_the_deployed_folder_alone(tmp_path, traces) -> None:
         ["--current", "missing.jsonl"],
         ["--trials", "0"],
         ["--ks-threshold", "7"],
+        ["--headroom", "0.5"],
+        ["--headroom", "nan"],
     ],
 )
 def test_bad_input_is_exit_2(tmp_path, traces, argv) -> None:
@@ -249,3 +259,153 @@ def test_neighbours_step_each_parameter_within_the_space() -> None:
     whys = {start.why for start in retune.neighbours(space, edge)}
     assert "neighbour max_num_seqs 32 -> 64" not in whys  # outside the space
     assert "neighbour max_num_seqs 32 -> 16" in whys
+
+
+# -- the capacity check: the deployed config measured once before any re-tune -------------------
+
+
+class CapacityRunner:
+    """A fake ladder: capacity = `headroom(max_num_seqs)` x the window's recorded rate, with
+    one passing step there and a failing one 10% above; remembers every run it was asked for."""
+
+    def __init__(self, headroom: Any, *, fail: bool = False) -> None:
+        self.headroom = headroom
+        self.fail = fail
+        self.runs: list[tuple[dict[str, Any], Path]] = []
+
+    def run(self, config, window, trial_dir, **kwargs) -> TrialOutcome:
+        self.runs.append((dict(config.engine), Path(trial_dir)))
+        assert config.serving.recorder is None, "trial servers must not record production traffic"
+        Path(trial_dir).mkdir(parents=True, exist_ok=True)
+        recorded = recorded_rate(window)
+        factor = float(self.headroom(config.engine.get("max_num_seqs") or 128))
+        steps = [ladder_step(0, factor, recorded, True), ladder_step(1, factor * 1.1, recorded, False)]
+        capacity = CapacityResult(
+            capacity_rps=factor * recorded,
+            capacity_speedup=factor,
+            recorded_rps=recorded,
+            first_fail_rps=factor * 1.1 * recorded,
+            bracketed=True,
+            steps=steps,
+            stopped_by="crash" if self.fail else None,
+        )
+        (Path(trial_dir) / "ladder.json").write_text(capacity.model_dump_json())
+        if self.fail:
+            return TrialOutcome(ok=False, failure="crash", failure_detail="engine died at x2",
+                                trial_dir=str(trial_dir), capacity=capacity)
+        return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=capacity)
+
+
+def ladder_step(index: int, speedup: float, recorded: float, passed: bool) -> LadderStep:
+    summary = ReplaySummary(duration=6, completed=60, failed=0, total_input_tokens=6000,
+                            total_output_tokens=1200, request_throughput=10,
+                            output_throughput=200, total_token_throughput=1200)
+    return LadderStep(index=index, speedup=speedup, offered_rps=speedup * recorded, requests=60,
+                      passed=passed, reason="fake", summary=summary, seconds=6,
+                      measured_ms={SLOS[0]: 500.0 if passed else 1500.0, SLOS[1]: 20.0})
+
+
+def study_dir(deployed: Path) -> Path:
+    [found] = [p for p in deployed.parent.iterdir() if p.name.startswith("retune-v1-")]
+    return found
+
+
+def test_drift_with_headroom_keeps_the_deployed_config_after_one_launch(
+    tmp_path, traces, capsys
+) -> None:
+    deployed = deploy(tmp_path / "deploy", objective="capacity")
+    original = deployed.read_text()
+    runner = CapacityRunner(lambda seqs: 3.0)
+    argv = ["--current", traces["drifted"], "--config", deployed, *FAST]
+    assert cli(argv, runner) == retune.EXIT_KEPT_DEPLOYED
+
+    # One launch: the deployed config as deployed (recorder off), nothing else.
+    [(engine, trial_dir)] = runner.runs
+    assert engine == ServerConfig.load(deployed).engine
+    out = capsys.readouterr().out
+    kept = [line for line in out.splitlines() if line.startswith("traffic drifted, but")]
+    assert len(kept) == 1
+    assert kept[0].startswith("traffic drifted, but the deployed config still carries 3x it (capacity ")
+    assert kept[0].endswith(" req/s, needs 1.5x): keeping it")
+    assert "re-tuning" not in out
+    # Nothing published, no study; the measurement is kept beside the launch's own files.
+    assert deployed.read_text() == original
+    assert not list(deployed.parent.glob("best-v*.yaml"))
+    folder = study_dir(deployed)
+    assert not (folder / "study.db").exists()
+    check = json.loads((folder / CHECK_FILE).read_text())
+    assert check["keep"] is True and check["needed_headroom"] == 1.5
+    assert check["headroom"] == pytest.approx(3.0)
+    assert check["capacity_rps"] == pytest.approx(3.0 * check["recorded_rps"])
+    assert len(check["ladder"]["steps"]) == 2
+    assert Path(check["trial_dir"]) == trial_dir and (trial_dir / "ladder.json").is_file()
+
+
+def test_drift_under_the_headroom_retunes_and_the_check_is_the_baseline(
+    tmp_path, traces, capsys
+) -> None:
+    deployed = deploy(tmp_path / "deploy", max_num_seqs=2, objective="capacity")
+    # The deployed 2 sequences carry 1.2x the new traffic; 4 carry 2x, 8 carry 2.8x.
+    runner = CapacityRunner(lambda seqs: 0.4 + 0.4 * min(seqs, 8))
+    argv = ["--current", traces["drifted"], "--config", deployed, "--trials", "3", *FAST]
+    assert cli(argv, runner) == retune.EXIT_NEW_CONFIG
+
+    folder = study_dir(deployed)
+    check = json.loads((folder / CHECK_FILE).read_text())
+    assert check["keep"] is False and check["headroom"] == pytest.approx(1.2)
+    out = capsys.readouterr().out
+    assert "the deployed config must be re-tuned: it carries 1.2x the current traffic" in out
+    # The check's launch is the study's trial 0: the deployed config ran once on the tuning window.
+    study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
+    baseline = study.trials[0]
+    assert baseline.user_attrs["baseline"] is True
+    assert baseline.user_attrs["capacity_rps"] == pytest.approx(check["capacity_rps"])
+    assert Path(baseline.user_attrs["trial_dir"]) == Path(check["trial_dir"])
+    search = [engine for engine, path in runner.runs if path.parent.name == "trials"]
+    assert [engine["max_num_seqs"] for engine in search] == [2, 1, 4]  # 2: the check, once
+    assert ServerConfig.load(deployed).engine["max_num_seqs"] == 4
+
+
+def test_headroom_sets_the_bar_the_deployed_config_must_clear(tmp_path, traces, capsys) -> None:
+    deployed = deploy(tmp_path / "deploy", max_num_seqs=8, objective="capacity")
+    runner = CapacityRunner(lambda seqs: 3.0 if seqs == 8 else 1.0)
+    argv = ["--current", traces["drifted"], "--config", deployed, "--trials", "2",
+            "--headroom", "4", *FAST]
+    # 3x is not the 4x asked: the study runs (and keeps the deployed config, the best it found).
+    assert cli(argv, runner) == retune.EXIT_KEPT_DEPLOYED
+    assert "needs 4x" in capsys.readouterr().out
+    assert (study_dir(deployed) / "study.db").exists()
+    assert len(runner.runs) > 1
+
+
+def test_force_skips_the_capacity_check(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy", objective="capacity")
+    runner = CapacityRunner(lambda seqs: 3.0)
+    argv = ["--current", traces["same"], "--config", deployed, "--force", "--trials", "2", *FAST]
+    assert cli(argv, runner) == retune.EXIT_KEPT_DEPLOYED  # the study ran; nothing beat 3x
+    assert not (study_dir(deployed) / CHECK_FILE).exists()
+    assert (study_dir(deployed) / "study.db").exists()
+
+
+def test_a_check_that_fails_is_the_failed_baseline_exit_12(tmp_path, traces) -> None:
+    deployed = deploy(tmp_path / "deploy", objective="capacity")
+    runner = CapacityRunner(lambda seqs: 3.0, fail=True)
+    argv = ["--current", traces["drifted"], "--config", deployed, *FAST]
+    with pytest.raises(NothingMeasured, match="engine died at x2"):
+        cli(argv, runner)
+    assert len(runner.runs) == 1  # not launched a second time by the study
+    folder = study_dir(deployed)
+    check = json.loads((folder / CHECK_FILE).read_text())
+    assert check["keep"] is False and check["failure"] == "crash"
+    assert (folder / "report.md").is_file()
+    assert not list(deployed.parent.glob("best-v*.yaml"))
+
+
+def test_dry_run_names_the_capacity_check_and_launches_nothing(tmp_path, traces, capsys) -> None:
+    deployed = deploy(tmp_path / "deploy", objective="capacity")
+    runner = NeverRun()
+    argv = ["--current", traces["drifted"], "--config", deployed, "--dry-run", *FAST]
+    assert cli(argv, runner) == retune.EXIT_DRY_RUN_DRIFT
+    assert runner.calls == 0
+    assert "first launch the deployed config once" in capsys.readouterr().out
+    assert not list(deployed.parent.glob(f"*/{CHECK_FILE}"))
