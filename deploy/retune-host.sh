@@ -2,7 +2,7 @@
 # Re-tune on a plain host (cron or the systemd timer) and restart the server on a new config.
 #
 # `autotune retune` exit status: 0 no drift, 10 new best.yaml written, 11 drift but the
-# deployed config stays, 2 bad input, 12 the deployed config could not be measured on the
+# deployed config stays (it still carries --headroom x the traffic, or no config beat it), 2 bad input, 12 the deployed config could not be measured on the
 # current traffic (nothing published), 1 failure, 143 stopped by SIGTERM. Only 10 restarts the
 # server; 0 and 11 are a normal night (exit 0 here); anything else is passed on so cron mails
 # it / systemd marks the unit failed.
@@ -29,7 +29,7 @@ case "$status" in
     10) echo "retune: new config $CONFIG_DIR/best.yaml; restarting: $RESTART"
         read -r -a restart <<< "$RESTART"
         "${restart[@]}" || { echo "retune: restart failed" >&2; exit 1; } ;;
-    11) echo "retune: drift, but no config beat the deployed one; it stays" ;;
+    11) echo "retune: drift, but the deployed config stays (it still has the headroom, or no config beat it)" ;;
     *)  echo "retune: failed with exit status $status" >&2; exit "$status" ;;
 esac
 exit 0
