@@ -22,10 +22,14 @@
 Exit status, for a scheduler: 0 no drift (nothing done), 10 a new config was written (restart
 the servers), 11 drift but the deployed config stays (it still carries H x the current traffic,
 or the study found no winner; deployed-capacity.json and the report say which), 3 drift found
-in --dry-run,
-2 bad input (refused before any server started), 12 the deployed config could not be measured
-on the current traffic (nothing written beside the study's report), 1 failure, 143 / 129 / 130
-stopped by SIGTERM / SIGHUP / Ctrl-C (the trial's server stopped; nothing published).
+in --dry-run, 2 bad input (refused before any server started), 12 the deployed config could not
+be measured on the current traffic (the capacity check's launch or the study's baseline failed;
+nothing written beside the study's report), 1 failure, 143 / 129 / 130 stopped by SIGTERM /
+SIGHUP / Ctrl-C (the trial's server stopped; nothing published).
+
+Why 11 for both ways of keeping the deployed config: what a scheduler does with it is the same
+(leave the servers as they are; deploy/ treats 11 as a normal night), and scripts written for
+11 keep working. Which of the two it was is in the printed line and in deployed-capacity.json.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -66,6 +70,8 @@ from workloads.trace import TraceWarning, load_trace, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
 # that use them: `autotune --help` registers this command's flags and needs none of them.
+if TYPE_CHECKING:
+    from autotune.capacity_check import CapacityCheck, PremeasuredRunner
 
 EXIT_NO_DRIFT = 0
 EXIT_NEW_CONFIG = 10
@@ -564,7 +570,9 @@ def prepare(
     return plan, warm
 
 
-def measure_deployed(args: argparse.Namespace, plan: TuningPlan, runner: Any) -> tuple[Any, Any]:
+def measure_deployed(
+    args: argparse.Namespace, plan: TuningPlan, runner: Any
+) -> tuple[CapacityCheck, PremeasuredRunner]:
     """The capacity check: the deployed config launched once on the current tuning window,
     exactly as the study's baseline trial would be (same config, window and trial folder).
     Returns the check (also written to deployed-capacity.json) and the runner for the study,
