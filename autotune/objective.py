@@ -49,7 +49,7 @@ DEFAULT_GPU_SLOS: tuple[str, ...] = ("ttft_p95_ms=500", "tpot_p95_ms=50")
 # the config and are recorded as FAIL, which TPE ignores.
 CONFIG_FAILURES = frozenset({"oom", "start_timeout", "crash", "http_errors", "invalid_config"})
 
-_MIN_MEMORY = re.compile(r"^min-memory(?::(?P<headroom>[0-9.eE+-]+)x?)?$")
+_MIN_MEMORY = re.compile(r"^min-memory(?::(?P<headroom>.+?)x?)?$")
 # The engine argument min-memory minimises (on CPU: the share of NUMA-node memory vLLM reserves).
 MEMORY_KNOB = "gpu_memory_utilization"
 _PARETO = re.compile(r"^pareto(?::(?P<metric>ttft|tpot|itl|e2el)_p(?P<pct>[0-9.]+))?$")
