@@ -109,6 +109,8 @@ class ParamSpec(BaseModel):
             return f"powers of two {int(self.low)}..{int(self.high)}"
         kind = "int" if self.type == "int" else "float"
         scale = ", log scale" if self.log else ""
+        if self.step:
+            scale += f", step {self.step:g}"
         low, high = (int(self.low), int(self.high)) if kind == "int" else (self.low, self.high)
         return f"{kind} {low}..{high}{scale}"
 
