@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.export import preflight_lines
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
+from autotune.kv_cache import KVCacheSize
 from autotune.ladder import CapacityResult
 from autotune.objective import Objective
 from autotune.progress import format_duration
@@ -97,7 +98,9 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
         for trial in trials
         if trial.system_attrs.get("retry_history")
     }
-    header = ["trial", *(["host"] if hosts else []), *names, objective.label, "SLOs", "failure", "wall"]
+    # min-memory's score is the memory column itself: the KV cache vLLM made of it instead.
+    scored = "KV cache" if objective.kind == "min-memory" else objective.label
+    header = ["trial", *(["host"] if hosts else []), *names, scored, "SLOs", "failure", "wall"]
     rows = []
     for trial in trials:
         params = trial.user_attrs.get("engine_params", {})
@@ -116,6 +119,9 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
             cells.append(value if name in explicit or value == "-" else f"{value}*")
         if trial.state == TrialState.COMPLETE:
             score = _fmt(trial.user_attrs.get("score"))
+            if objective.kind == "min-memory":
+                score = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"),
+                                    tokens=trial.user_attrs.get("kv_cache_tokens")).describe()
             slo = "met" if trial.user_attrs.get("slo_met") else "missed"
         else:
             score, slo = "-", trial.state.name.lower()
