@@ -184,7 +184,8 @@ def finish(
                                 baseline_trial=tuning.baseline_trial(study))
     if capacity is not None:
         provenance["capacity"] = capacity
-    memory = memory_figures(plan, decision, result.measurements, baseline_trial=tuning.baseline_trial(study))
+    memory = None if problem is not None else memory_figures(
+        plan, decision, result.measurements, baseline_trial=tuning.baseline_trial(study))
     if memory is not None:
         provenance["memory"] = memory
     best_path = plan.output_dir / "best.yaml"
