@@ -308,7 +308,7 @@ def memory_line(memory: dict[str, Any], kept_baseline: bool) -> str:
         return (f"**Memory: the baseline meets every SLO {at} with gpu_memory_utilization "
                 f"{base:g}{_kv(memory, 'baseline')}; no config with less memory did in every "
                 f"repeat**{where}")
-    return (f"**Memory: the baseline (gpu_memory_utilization {base:g}{_kv(memory, 'baseline')}) "
+    return (f"**Memory: the baseline, gpu_memory_utilization {base:g}{_kv(memory, 'baseline')}, "
             f"misses an SLO {at}, and no searched config met them all in every repeat**{where}")
 
 

@@ -172,3 +172,28 @@ def test_the_min_memory_space_widens_memory_and_proposes_clean_values() -> None:
         study.tell(trial, 0.0)
     assert seen <= {round(0.05 * k, 2) for k in range(1, 20)}
     assert all(len(repr(value)) <= 4 for value in seen)  # 0.15, never 0.15000000000000002
+
+
+# -- the report's first line -----------------------------------------------------------------
+
+FIGURES = {"headroom": 1.5, "measured_on": "held-out window, every repeat of the gate", "recorded_rps": 4.0,
+           "target_rps": 6.0, "baseline_gpu_memory_utilization": 0.3, "baseline_meets_slos": True,
+           "baseline_kv_cache_gib": 0.69, "baseline_kv_cache_tokens": 362_880}
+
+
+def test_the_memory_line_names_the_winner_the_kept_baseline_or_a_baseline_that_misses() -> None:
+    from autotune.report import memory_line
+
+    won = {**FIGURES, "winner_gpu_memory_utilization": 0.15, "winner_kv_cache_gib": 1.2,
+           "winner_kv_cache_tokens": 9_800}
+    assert memory_line(won, False).startswith(
+        "**Memory: the exported config meets every SLO at 1.5x your recorded traffic with "
+        "gpu_memory_utilization 0.15 (KV cache 1.2 GiB, 9,800 tokens) vs the baseline's 0.3**")
+    missed = {**won, "baseline_meets_slos": False}
+    assert "vs the baseline's 0.3, which misses an SLO there**" in memory_line(missed, False)
+    assert memory_line(FIGURES, True).startswith(
+        "**Memory: the baseline meets every SLO at 1.5x your recorded traffic with "
+        "gpu_memory_utilization 0.3 (KV cache 0.69 GiB, 362,880 tokens); no config with less memory")
+    assert memory_line({**FIGURES, "baseline_meets_slos": False}, True).startswith(
+        "**Memory: the baseline, gpu_memory_utilization 0.3 (KV cache 0.69 GiB, 362,880 tokens), misses an "
+        "SLO at 1.5x your recorded traffic, and no searched config met them all in every repeat**")
