@@ -133,7 +133,7 @@ def build_provenance(
 def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str:
     decision = provenance["decision"]
     if decision["kept_baseline"]:
-        verdict = f"KEPT THE BASELINE (no config beat it beyond the noise): {decision['reason']}"
+        verdict = f"KEPT THE BASELINE: {decision['reason']}"
         if decision.get("baseline_standing"):
             verdict += f"\nbaseline measured: {decision['baseline_standing']}"
     else:
@@ -146,6 +146,7 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
             f"vllm-autotune {provenance['date']}  study {provenance['study']['name']}",
             verdict,
             f"objective {provenance['objective']} under SLOs {', '.join(provenance['slos']) or 'none'}",
+            *_memory_lines(provenance.get("memory")),
             f"model {provenance['model']}  vLLM {provenance['vllm_version']}  on {device}",
             f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
             *preflight_lines(workload),
@@ -153,6 +154,21 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
             "full provenance: additional-config.vllm_autotune.provenance below",
         ]
     )
+
+
+def _memory_lines(memory: dict[str, Any] | None) -> list[str]:
+    """min-memory: the memory this file's config needs, one line (all figures in provenance)."""
+    if not memory:
+        return []
+    who = "winner" if memory.get("winner_gpu_memory_utilization") is not None else "baseline"
+    met = "meets" if who == "winner" or memory.get("baseline_meets_slos") else "misses"
+    kv = [f"{memory[f'{who}_kv_cache_gib']:.3g} GiB" if memory.get(f"{who}_kv_cache_gib") is not None else "",
+          f"{memory[f'{who}_kv_cache_tokens']:,} tokens" if memory.get(f"{who}_kv_cache_tokens") is not None else ""]
+    kv_text = ", ".join(part for part in kv if part)
+    return [f"memory: gpu_memory_utilization {memory[f'{who}_gpu_memory_utilization']:g}"
+            + (f" (KV cache {kv_text})" if kv_text else "")
+            + f" {met} every SLO at {memory['headroom']:g}x the recorded rate"
+            + (f"; the baseline's was {memory['baseline_gpu_memory_utilization']:g}" if who == "winner" else "")]
 
 
 def preflight_lines(workload: dict[str, Any]) -> list[str]:

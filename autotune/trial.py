@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
+from autotune.kv_cache import KVCacheSize, read_kv_cache
 from autotune.ladder import CapacityResult, LadderSettings, LoadLadder
 from autotune.launcher import (
     ServerLauncher,
@@ -90,6 +91,8 @@ class TrialOutcome(BaseModel):
     teardown: TeardownReport | None = None  # how the server was stopped, what was left
     # The load ladder's result (capacity objective); kept when a step crashed the server.
     capacity: CapacityResult | None = None
+    # The KV cache vLLM logged at start (server.log); None when the log has no such line.
+    kv_cache: KVCacheSize | None = None
 
 
 class _Failed(Exception):
@@ -145,6 +148,7 @@ class _Trial:
             trial_dir=str(self.dir),
             teardown=self.teardown,
             capacity=self.capacity,
+            kv_cache=read_kv_cache(self.dir / "server.log"),
         )
 
 
