@@ -126,6 +126,16 @@ def candidate_stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
     )
 
 
+def stats_by_candidate(measurements: Sequence[Measurement], baseline: str) -> dict[str, CandidateStats]:
+    """Each config's repeats summarised, in the order the configs were first measured."""
+    by_candidate: dict[str, list[Measurement]] = {}
+    for run in measurements:
+        by_candidate.setdefault(run.candidate, []).append(run)
+    if baseline not in by_candidate:
+        raise ValueError(f"no measurement of the baseline {baseline!r}")
+    return {name: candidate_stats(name, runs) for name, runs in by_candidate.items()}
+
+
 def decide(
     measurements: Sequence[Measurement],
     *,
@@ -134,12 +144,7 @@ def decide(
     seed: int = 0,
 ) -> GateDecision:
     """Pick the config to emit from the validation runs (see the module docstring)."""
-    by_candidate: dict[str, list[Measurement]] = {}
-    for run in measurements:
-        by_candidate.setdefault(run.candidate, []).append(run)
-    if baseline not in by_candidate:
-        raise ValueError(f"no measurement of the baseline {baseline!r}")
-    stats = {name: candidate_stats(name, runs) for name, runs in by_candidate.items()}
+    stats = stats_by_candidate(measurements, baseline)
     base = stats[baseline]
     noise = base.relative_spread
     eligible = [s for name, s in stats.items() if name != baseline and s.eligible]
@@ -208,12 +213,7 @@ def decide_min_memory(
 ) -> GateDecision:
     """The min-memory rule (module docstring): least memory among the candidates that met
     every SLO at `headroom` x the recorded rate in every repeat, if below the baseline's."""
-    by_candidate: dict[str, list[Measurement]] = {}
-    for run in measurements:
-        by_candidate.setdefault(run.candidate, []).append(run)
-    if baseline not in by_candidate:
-        raise ValueError(f"no measurement of the baseline {baseline!r}")
-    stats = {name: candidate_stats(name, runs) for name, runs in by_candidate.items()}
+    stats = stats_by_candidate(measurements, baseline)
     base = stats[baseline]
     eligible = [s for name, s in stats.items() if name != baseline and s.eligible]
     at = f"{headroom:g}x the recorded rate"

@@ -307,17 +307,26 @@ def evaluate(
     )
 
 
+def step_percentiles(
+    step: Any, slos: Sequence[SLO]
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Each SLO's measured percentile in one ladder step and its margin (measured - threshold);
+    None where the step is missing or did not measure it."""
+    measured = {slo.spec(): (step.measured_ms.get(slo.spec()) if step else None) for slo in slos}
+    margins = {
+        slo.spec(): None if measured[slo.spec()] is None else measured[slo.spec()] - slo.threshold_ms
+        for slo in slos
+    }
+    return measured, margins
+
+
 def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
     """Capacity found by the ladder. A ladder a crash cut short keeps what it measured (the
     capacity below the crash), but the run is not `ok`: the gate never exports it."""
     capacity = getattr(outcome, "capacity", None)
     rps = float(capacity.capacity_rps) if capacity is not None else 0.0
     step = capacity.passing_step() if capacity is not None else None
-    measured = {slo.spec(): (step.measured_ms.get(slo.spec()) if step else None) for slo in slos}
-    margins = {
-        slo.spec(): None if measured[slo.spec()] is None else measured[slo.spec()] - slo.threshold_ms
-        for slo in slos
-    }
+    measured, margins = step_percentiles(step, slos)
     headroom = capacity.headroom if capacity is not None else 0.0
     return Evaluation(
         values=[rps],
@@ -343,13 +352,11 @@ def _evaluate_min_memory(outcome: Any, slos: Sequence[SLO], memory: float | None
         raise AutotuneError(f"min-memory: the config's {MEMORY_KNOB} is unknown; set it in --baseline")
     capacity = getattr(outcome, "capacity", None)
     step = capacity.steps[0] if capacity is not None and capacity.steps else None
-    measured = {slo.spec(): (step.measured_ms.get(slo.spec()) if step else None) for slo in slos}
-    margins: dict[str, float | None] = {}
+    measured, margins = step_percentiles(step, slos)
     constraints: dict[str, float] = {"ran": 0.0 if outcome.ok and step is not None else 1.0}
     for slo in slos:
-        value = measured[slo.spec()]
-        margins[slo.spec()] = None if value is None else value - slo.threshold_ms
-        constraints[f"slo:{slo.spec()}"] = 1.0 if value is None else (value - slo.threshold_ms) / slo.threshold_ms
+        margin = margins[slo.spec()]
+        constraints[f"slo:{slo.spec()}"] = 1.0 if margin is None else margin / slo.threshold_ms
     passed = bool(outcome.ok) and step is not None and step.passed
     # A step can fail with every measured percentile under its threshold (abandoned early,
     # too many errors, a client that lagged): the step's own verdict is a constraint too.
