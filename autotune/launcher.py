@@ -90,8 +90,11 @@ class TeardownReport(BaseModel):
     memory_held_mib: float  # unique memory (USS) of the server's processes when stopped
     memory_available_at_stop_mib: float
     memory_available_after_mib: float
-    # Available memory came back (within a tolerance) to its pre-start level, or rose by
-    # what the server held. Other programs move available memory too: recorded, not enforced.
+    # Resident memory other processes gained during the wait (an engine starting elsewhere):
+    # counted back before judging recovery, so their growth is not blamed on the server.
+    memory_taken_by_others_mib: float = 0.0
+    # Available memory (plus what others took meanwhile) came back, within a tolerance, to its
+    # pre-start level, or rose by what the server held. Recorded, not enforced.
     memory_recovered: bool
 
 
@@ -209,6 +212,16 @@ def _unique_memory(processes: Sequence[psutil.Process]) -> int:
                 total += process.memory_info().rss
         except psutil.NoSuchProcess:
             pass
+    return total
+
+
+def _resident_outside(pids: set[int]) -> int:
+    """Resident bytes of every process but `pids` (RSS: cheap to read for all of them)."""
+    total = 0
+    for process in psutil.process_iter(["pid", "memory_info"]):
+        memory = process.info["memory_info"]
+        if process.info["pid"] not in pids and memory is not None:
+            total += memory.rss
     return total
 
 
@@ -366,14 +379,17 @@ class ServerProcess:
 
         Then wait (at most `memory_wait_s`) until available memory is back within the
         tolerance (default: 2% of RAM, at least 256 MiB) of its level before the start, or
-        has risen by what the server's processes held when stopped.
+        has risen by what the server's processes held when stopped; what other processes
+        gained in resident memory meanwhile counts as come back.
         """
         started = time.monotonic()
         self.track_children()
         signal_used: Literal["none", "SIGTERM", "SIGKILL"] = "none"
         members = self._members()
+        member_pids = {process.pid for process in members}
         held = _unique_memory(members)
         available_at_stop = _memory_available()
+        others_at_stop = _resident_outside(member_pids)
         if members:
             signal_used = "SIGTERM"
             _signal_all(self._live_pgid(), members, signal.SIGTERM)
@@ -388,10 +404,14 @@ class ServerProcess:
             memory_tolerance_bytes = max(256 * 2**20, psutil.virtual_memory().total // 50)
         target = min(self.memory_before, available_at_stop + held) - memory_tolerance_bytes
         memory_deadline = time.monotonic() + memory_wait_s
-        available = _memory_available()
-        while available < target and time.monotonic() < memory_deadline:
+
+        def others_took() -> int:
+            return max(0, _resident_outside(member_pids) - others_at_stop)
+
+        available, taken = _memory_available(), others_took()
+        while available + taken < target and time.monotonic() < memory_deadline:
             time.sleep(0.25)
-            available = _memory_available()
+            available, taken = _memory_available(), others_took()
 
         if not leftovers and self._registry is not None:
             self._registry.remove(self.pid)
@@ -404,7 +424,8 @@ class ServerProcess:
             memory_held_mib=held / 2**20,
             memory_available_at_stop_mib=available_at_stop / 2**20,
             memory_available_after_mib=available / 2**20,
-            memory_recovered=available >= target,
+            memory_taken_by_others_mib=taken / 2**20,
+            memory_recovered=available + taken >= target,
         )
 
     def _live_pgid(self) -> int | None:
