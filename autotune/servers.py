@@ -136,11 +136,13 @@ def add_server_flags(add: Any, *, default_help: str = "autotune") -> None:
 
 
 def trial_server(kind: str | None, api_server_count: int | None, *, default: ServerKind = "autotune") -> TrialServer:
-    """The flags as a TrialServer; AutotuneError for a count below 1."""
+    """The flags as a TrialServer; AutotuneError for a count below 1 or without vllm."""
     if api_server_count is not None and api_server_count < 1:
         raise AutotuneError(f"--api-server-count {api_server_count}: must be at least 1")
     chosen: ServerKind = default if kind is None else kind  # type: ignore[assignment]
-    return TrialServer(kind=chosen, api_server_count=api_server_count)
+    server = TrialServer(kind=chosen, api_server_count=api_server_count)
+    server.check(())  # flag-level refusals now, before any trace is read
+    return server
 
 
 def deployed_server(provenance: dict[str, Any] | None) -> ServerKind:
