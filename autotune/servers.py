@@ -21,7 +21,6 @@ benchmark-mode switch.
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -36,8 +35,6 @@ SERVER_CHOICES: tuple[ServerKind, ...] = ("autotune", "vllm")
 # The module our wrapper runs: where `vllm serve` lives in vLLM 0.8 and later (0.24, 0.32).
 VLLM_CLI_MODULE = "vllm.entrypoints.cli.serve"
 VLLM_SERVE_CONFIG = "vllm-serve.yaml"  # beside the trial's config.yaml
-
-logger = logging.getLogger(__name__)
 
 
 class TrialServer(BaseModel):
@@ -96,7 +93,7 @@ class TrialServer(BaseModel):
                     "(our server runs one front-end process)"
                 )
             return
-        if importlib.util.find_spec("vllm") is None or importlib.util.find_spec(VLLM_CLI_MODULE) is None:
+        if not _importable(VLLM_CLI_MODULE):
             raise AutotuneError(
                 f"--server vllm: vLLM's `vllm serve` entry point ({VLLM_CLI_MODULE}) is not "
                 "installed in this Python; install vLLM here, or use --server autotune"
@@ -109,6 +106,13 @@ class TrialServer(BaseModel):
                     f"{', '.join(ours)} (additional-config.vllm_autotune.serving), which "
                     "`vllm serve` does not have; remove it, or use --server autotune"
                 )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def our_server_settings(config: ServerConfig) -> list[str]:
@@ -135,7 +139,9 @@ def add_server_flags(add: Any, *, default_help: str = "autotune") -> None:
              "sharing one engine core) for every trial (default: vLLM's)")
 
 
-def trial_server(kind: str | None, api_server_count: int | None, *, default: ServerKind = "autotune") -> TrialServer:
+def trial_server(
+    kind: str | None, api_server_count: int | None, *, default: ServerKind = "autotune"
+) -> TrialServer:
     """The flags as a TrialServer; AutotuneError for a count below 1 or without vllm."""
     if api_server_count is not None and api_server_count < 1:
         raise AutotuneError(f"--api-server-count {api_server_count}: must be at least 1")
@@ -152,5 +158,8 @@ def deployed_server(provenance: dict[str, Any] | None) -> ServerKind:
     return kind if kind in SERVER_CHOICES else "autotune"
 
 
-def labelled(baseline: ServerConfig, comparisons: dict[str, ServerConfig], baseline_source: str) -> Sequence[tuple[str, ServerConfig]]:
+def labelled(
+    baseline: ServerConfig, comparisons: dict[str, ServerConfig], baseline_source: str
+) -> Sequence[tuple[str, ServerConfig]]:
+    """Every config a study will launch as written by the user, named for `check`'s message."""
     return [(f"the baseline ({baseline_source})", baseline), *comparisons.items()]
