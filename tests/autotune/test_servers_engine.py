@@ -1,6 +1,7 @@
-"""One real trial on stock `vllm serve` (`--server vllm`): the embedded tiny model on the CPU
-engine, started through the launcher, a short timed window replayed through it, /metrics
-scraped, the process group stopped.
+"""`autotune run --server vllm --trials 1` end to end on stock `vllm serve`: the embedded tiny
+model on the CPU engine, started through the launcher, the sample trace's short tuning window
+replayed through it, /metrics scraped, the process group stopped, best.yaml and report.md
+written. One engine start: with one trial there is no candidate for the gate to re-measure.
 
     .venv/bin/python -m pytest tests/autotune/test_servers_engine.py -m engine -s
 prints the trial's wall-time breakdown (engine start of `vllm serve` included).
@@ -9,97 +10,109 @@ prints the trial's wall-time breakdown (engine start of `vllm serve` included).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
 from autotune.launcher import SERVER_NICE, StaleServerRegistry
-from autotune.servers import TrialServer
-from autotune.trial import TrialOutcome, TrialRunner
-from server.config import ServerConfig, default_engine_settings
-from workloads.replay import ReplaySummary, RequestRecord
-from workloads.trace import Trace, TraceRequest
+from autotune.trial import TrialOutcome
+from server.config import ServerConfig
+from workloads.replay import RequestRecord
+from workloads.trace import load_trace
 
-WINDOW_S = 8.0
-REQUESTS = 16
-KV_CACHE_SHARE = 0.15  # as test_trial_engine.py: little memory held beside other engines
+pytestmark = pytest.mark.engine
 
-
-def window() -> Trace:
-    spacing_ms = WINDOW_S * 1000 / REQUESTS
-    return Trace.from_requests(
-        [TraceRequest(timestamp=i * spacing_ms, input_length=10 + (i * 37) % 191,
-                      output_length=8 + (i * 13) % 33) for i in range(REQUESTS)],
-        source="vllm serve engine test window",
-    )
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
+# Short goodput windows and p50 SLOs, as test_run_engine.py: one replay of the window.
+RUN = ["--trials", "1", "--tuning-window", "8", "--holdout-window", "6", "--top-k", "1",
+       "--repeats", "1", "--objective", "goodput", "--slo", "ttft_p50_ms=1000",
+       "--slo", "tpot_p50_ms=100"]
 
 
 def server_tree(config_path: Path) -> list[psutil.Process]:
     """The `vllm serve` process started with `config_path` and all its descendants."""
     for process in psutil.process_iter(["cmdline"]):
-        if str(config_path) in (process.info["cmdline"] or []):
-            return [process, *process.children(recursive=True)]
+        try:
+            if str(config_path) in (process.info["cmdline"] or []):
+                return [process, *process.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
     return []
 
 
 @pytest.mark.engine(starts=1)
-def test_stock_vllm_serve_runs_a_trial_with_forced_lengths_and_its_metrics(tmp_path: Path) -> None:
-    study_dir = tmp_path / "study"
-    trial_dir = study_dir / "trial-0000"
-    registry = study_dir / "servers.json"
+def test_autotune_run_on_stock_vllm_serve(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    trial_dir = out / "trials" / "trial-0000"
     served = trial_dir / "vllm-serve.yaml"
-    config = ServerConfig(
-        engine={**default_engine_settings(), "max_num_seqs": 8, "gpu_memory_utilization": KV_CACHE_SHARE}
+    tuner = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", "--workload", str(SAMPLE), *RUN,
+         "--server", "vllm", "--output-dir", str(out), "--study-name", "vllm"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )
+    # While the trial runs: every process of the server (engine core included) runs below
+    # the load client's priority, as ours does.
     nice_seen: dict[int, int] = {}
-
-    def look_at_the_server(elapsed_s: float, summary: ReplaySummary) -> bool:
-        # While the window runs: every process of the server (engine core included) runs
-        # below the load client's priority.
-        for process in server_tree(served):
+    try:
+        while tuner.poll() is None:
+            for process in server_tree(served):
+                try:
+                    nice_seen[process.pid] = process.nice()
+                except psutil.NoSuchProcess:
+                    pass
             try:
-                nice_seen[process.pid] = process.nice()
-            except psutil.NoSuchProcess:
+                tuner.wait(0.25)
+            except subprocess.TimeoutExpired:
                 pass
-        return False
-
-    runner = TrialRunner(startup_timeout_s=240, stale_registry=registry,
-                         server=TrialServer(kind="vllm"))
-    outcome = runner.run(config, window(), trial_dir, should_prune=look_at_the_server)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+        output = tuner.communicate(timeout=60)[0]
+    assert tuner.returncode == 0, output[-3000:]
 
     log = (trial_dir / "server.log").read_text()
+    outcome = TrialOutcome.model_validate_json((trial_dir / "outcome.json").read_text())
     assert outcome.ok, f"{outcome.failure}: {outcome.failure_detail}\n{log[-3000:]}"
     assert outcome.server == "vllm serve (stock vLLM)"
-    assert TrialOutcome.model_validate_json((trial_dir / "outcome.json").read_text()) == outcome
     assert "server.vllm_serve serve --config" in log and "Starting vLLM server on http://127.0.0.1:" in log
 
     # Served by stock vLLM with the lengths the trace recorded, every token counted.
     records = [RequestRecord.model_validate_json(line)
                for line in (trial_dir / "requests.jsonl").read_text().splitlines()]
-    assert len(records) == REQUESTS and all(r.error is None for r in records)
-    assert [r.output_tokens for r in records] == [int(n) for n in window().output_lengths]
-    assert [len(r.itl_ms) for r in records] == [int(n) - 1 for n in window().output_lengths]
+    best = ServerConfig.load(out / "best.yaml")
+    window = best.provenance["workload"]["tuning_window"]  # where in the trace it was cut
+    trace = load_trace(SAMPLE)
+    arrivals_s = (trace.timestamps_ms - trace.timestamps_ms[0]) / 1000
+    recorded = trace.output_lengths[(arrivals_s >= window["start_s"]) & (arrivals_s < window["end_s"])]
+    assert len(records) == window["requests"] == len(recorded) and all(r.error is None for r in records)
+    assert [r.output_tokens for r in records] == [int(n) for n in recorded]
+    assert all(len(r.itl_ms) == r.output_tokens - 1 for r in records)
 
-    # The scrape found vLLM's own counters and histograms, diffed over exactly this window.
-    metrics = outcome.server_metrics
-    assert metrics is not None
-    assert metrics.ttft_mean_ms is not None and metrics.itl_mean_ms is not None
-    assert metrics.e2e_mean_ms is not None and metrics.queue_mean_ms is not None
-    assert metrics.preemptions == 0
-    assert metrics.kv_cache_usage_max is not None and 0 <= metrics.kv_cache_usage_max <= 1
-    assert metrics.num_running_max is not None and 0 <= metrics.num_running_max <= 8
-    assert outcome.summary is not None and metrics.e2e_mean_ms <= outcome.summary.mean_e2el_ms
+    # The scrape found vLLM's own histograms, counters and gauges, diffed over the window.
+    metrics = json.loads((trial_dir / "server_metrics.json").read_text())
+    for name in ("ttft_mean_ms", "itl_mean_ms", "e2e_mean_ms", "queue_mean_ms",
+                 "kv_cache_usage_max", "num_running_max"):
+        assert metrics[name] is not None, name
+    assert metrics["preemptions"] == 0
+    assert metrics["e2e_mean_ms"] <= outcome.summary.mean_e2el_ms
 
     assert len(nice_seen) >= 2, nice_seen  # the API server and its engine core at least
     assert set(nice_seen.values()) == {SERVER_NICE}, nice_seen
 
     # The whole group is gone: nothing of it left, the registry empty.
     assert outcome.teardown is not None and outcome.teardown.leftover_pids == []
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in nice_seen)
     assert server_tree(served) == []
-    assert StaleServerRegistry(registry).entries() == []
+    assert StaleServerRegistry(out / "servers.json").entries() == []
+
+    # best.yaml is the usual file, and it and the report say what ran the trials.
+    assert best.provenance["trial_server"] == {"kind": "vllm", "api_server_count": None,
+                                               "ran": "vllm serve (stock vLLM)"}
+    assert "# measured on: vllm serve (stock vLLM)" in (out / "best.yaml").read_text()
+    assert "Trials measured on: vllm serve (stock vLLM)." in (out / "report.md").read_text()
 
     timing = outcome.timing
     assert timing is not None
@@ -107,5 +120,5 @@ def test_stock_vllm_serve_runs_a_trial_with_forced_lengths_and_its_metrics(tmp_p
         "ready_s": round(timing.ready_s, 2), "warmup_s": round(timing.warmup_s, 2),
         "measure_s": round(timing.measure_s, 2), "teardown_s": round(timing.teardown_s, 2),
         "strongest_signal": outcome.teardown.strongest_signal,
-        "ttft_p95_ms": outcome.summary.p95_ttft_ms, "server_ttft_mean_ms": metrics.ttft_mean_ms,
+        "ttft_p50_ms": outcome.summary.median_ttft_ms, "server_ttft_mean_ms": metrics["ttft_mean_ms"],
     }, indent=2))
