@@ -138,7 +138,7 @@ def build_provenance(
 def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str:
     decision = provenance["decision"]
     if decision["kept_baseline"]:
-        verdict = f"KEPT THE BASELINE (no config beat it beyond the noise): {decision['reason']}"
+        verdict = f"KEPT THE BASELINE: {decision['reason']}"
         if decision.get("baseline_standing"):
             verdict += f"\nbaseline measured: {decision['baseline_standing']}"
     else:
@@ -151,6 +151,7 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
             f"vllm-autotune {provenance['date']}  study {provenance['study']['name']}",
             verdict,
             f"objective {provenance['objective']} under SLOs {', '.join(provenance['slos']) or 'none'}",
+            *_memory_lines(provenance.get("memory")),
             f"model {provenance['model']}  vLLM {provenance['vllm_version']}  on {device}",
             *trial_server_lines(provenance),
             f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
@@ -165,6 +166,21 @@ def trial_server_lines(provenance: dict[str, Any]) -> list[str]:
     """The server the trials ran on, one line (none in provenance written before it was kept)."""
     server = provenance.get("trial_server")
     return [f"measured on: {server['ran']}"] if isinstance(server, dict) and server.get("ran") else []
+
+
+def _memory_lines(memory: dict[str, Any] | None) -> list[str]:
+    """min-memory: the memory this file's config needs, one line (all figures in provenance)."""
+    if not memory:
+        return []
+    who = "winner" if memory.get("winner_gpu_memory_utilization") is not None else "baseline"
+    met = "meets" if who == "winner" or memory.get("baseline_meets_slos") else "misses"
+    kv = [f"{memory[f'{who}_kv_cache_gib']:.3g} GiB" if memory.get(f"{who}_kv_cache_gib") is not None else "",
+          f"{memory[f'{who}_kv_cache_tokens']:,} tokens" if memory.get(f"{who}_kv_cache_tokens") is not None else ""]
+    kv_text = ", ".join(part for part in kv if part)
+    return [f"memory: gpu_memory_utilization {memory[f'{who}_gpu_memory_utilization']:g}"
+            + (f" (KV cache {kv_text})" if kv_text else "")
+            + f" {met} every SLO at {memory['headroom']:g}x the recorded rate"
+            + (f"; the baseline's was {memory['baseline_gpu_memory_utilization']:g}" if who == "winner" else "")]
 
 
 def preflight_lines(workload: dict[str, Any]) -> list[str]:

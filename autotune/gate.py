@@ -15,6 +15,11 @@ machine hits every config alike. Then `decide`:
      wobble of one config is not a gain anyone can rely on.
    Otherwise the baseline is kept. A baseline that itself misses an SLO does not change the
    rule: the candidate must still beat it on the objective, and meet every SLO.
+
+Under `min-memory` the value of a run is its config's gpu_memory_utilization (the same in
+every repeat), so there is no noise to beat: `decide_min_memory` emits the eligible candidate
+with the least memory if it uses less than the baseline. A baseline that misses an SLO at the
+headroom is said so, and then any eligible candidate wins (it meets what the baseline cannot).
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ class Measurement(BaseModel):
 
     candidate: str  # "baseline" or "trial-0007"
     repeat: int
-    value: float  # the objective (goodput / throughput), 0 for a failed run
+    value: float  # the objective (goodput / throughput, 0 for a failed run; min-memory: the memory)
     slo_met: bool
     ok: bool = True
     failure: str | None = None
     margins_ms: dict[str, float | None] = {}  # SLO spec -> measured - threshold (report)
     host: str | None = None  # where it was measured: a resumed gate reuses only its own host's
+    kv_cache_gib: float | None = None  # min-memory: the KV cache vLLM logged at start
+    kv_cache_tokens: int | None = None
 
 
 class CandidateStats(BaseModel):
@@ -119,6 +126,16 @@ def candidate_stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
     )
 
 
+def stats_by_candidate(measurements: Sequence[Measurement], baseline: str) -> dict[str, CandidateStats]:
+    """Each config's repeats summarised, in the order the configs were first measured."""
+    by_candidate: dict[str, list[Measurement]] = {}
+    for run in measurements:
+        by_candidate.setdefault(run.candidate, []).append(run)
+    if baseline not in by_candidate:
+        raise ValueError(f"no measurement of the baseline {baseline!r}")
+    return {name: candidate_stats(name, runs) for name, runs in by_candidate.items()}
+
+
 def decide(
     measurements: Sequence[Measurement],
     *,
@@ -127,12 +144,7 @@ def decide(
     seed: int = 0,
 ) -> GateDecision:
     """Pick the config to emit from the validation runs (see the module docstring)."""
-    by_candidate: dict[str, list[Measurement]] = {}
-    for run in measurements:
-        by_candidate.setdefault(run.candidate, []).append(run)
-    if baseline not in by_candidate:
-        raise ValueError(f"no measurement of the baseline {baseline!r}")
-    stats = {name: candidate_stats(name, runs) for name, runs in by_candidate.items()}
+    stats = stats_by_candidate(measurements, baseline)
     base = stats[baseline]
     noise = base.relative_spread
     eligible = [s for name, s in stats.items() if name != baseline and s.eligible]
@@ -194,3 +206,43 @@ def decide(
         confidence=confidence,
         stats=list(stats.values()),
     )
+
+
+def decide_min_memory(
+    measurements: Sequence[Measurement], *, headroom: float, baseline: str = BASELINE
+) -> GateDecision:
+    """The min-memory rule (module docstring): least memory among the candidates that met
+    every SLO at `headroom` x the recorded rate in every repeat, if below the baseline's."""
+    stats = stats_by_candidate(measurements, baseline)
+    base = stats[baseline]
+    eligible = [s for name, s in stats.items() if name != baseline and s.eligible]
+    at = f"{headroom:g}x the recorded rate"
+    base_note = "" if base.eligible else f"; the baseline ({base.median:g}) {base.why_not} at {at}"
+    best = min(eligible, key=lambda s: (s.median, s.candidate)) if eligible else None
+    effect = (best.median - base.median) / base.median if best and base.median > 0 else None
+
+    def decision(winner: CandidateStats | None, reason: str) -> GateDecision:
+        return GateDecision(
+            winner=winner.candidate if winner else baseline,
+            keep_baseline=winner is None,
+            reason=reason,
+            best_candidate=best.candidate if best else None,
+            baseline_median=base.median,
+            candidate_median=best.median if best else None,
+            effect=effect,
+            ci_low=None,
+            ci_high=None,
+            noise=None,
+            confidence=1.0,
+            stats=list(stats.values()),
+        )
+
+    if best is None:
+        return decision(None, f"no candidate met every SLO at {at} in every repeat{base_note}")
+    if base.eligible and best.median >= base.median:
+        return decision(None, f"{best.candidate} needs gpu_memory_utilization {best.median:g}, "
+                              f"no less than the baseline's {base.median:g}, to meet every SLO at {at}")
+    saving = f" ({effect:+.0%})" if effect is not None else ""
+    return decision(best, f"{best.candidate} met every SLO at {at} in every repeat with "
+                          f"gpu_memory_utilization {best.median:g} vs the baseline's {base.median:g}"
+                          f"{saving}{base_note}")

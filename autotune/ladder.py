@@ -80,6 +80,15 @@ class LadderSettings(BaseModel):
     max_steps: int = Field(12, ge=1)
     drain_timeout_s: float = Field(120.0, gt=0)
     max_error_fraction: float = Field(0.05, ge=0, lt=1)
+    # One step at `start_speedup`, no search (min-memory: do the SLOs hold at H x the rate?).
+    single_step: bool = False
+
+    def single(self, speedup: float) -> LadderSettings:
+        """These settings as one step at `speedup`."""
+        return self.model_copy(update={
+            "single_step": True, "start_speedup": speedup, "max_steps": 1,
+            "min_speedup": min(self.min_speedup, speedup), "max_speedup": max(self.max_speedup, speedup),
+        })
 
     @classmethod
     def for_accelerator(cls, accelerator: str, **overrides: object) -> LadderSettings:
@@ -92,7 +101,7 @@ class LadderSettings(BaseModel):
     def hinted(self, speedup: float | None) -> LadderSettings:
         """Start at a known capacity (another config's, or this one's from the search) with
         finer steps: the cliff is probably near, so fewer steps bracket it."""
-        if speedup is None or not speedup > 0:
+        if speedup is None or not speedup > 0 or self.single_step:
             return self
         growth = min(self.growth, 1.0 + 2.5 * self.resolution)
         return self.model_copy(update={"start_speedup": speedup, "growth": growth})
@@ -248,6 +257,8 @@ class LoadLadder:
         speedup = min(max(settings.start_speedup, settings.min_speedup), settings.max_speedup)
         for _ in range(settings.max_steps):
             await self.step(window, speedup)
+            if settings.single_step:
+                break
             following = self.next_speedup()
             if following is None:
                 break

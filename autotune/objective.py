@@ -4,7 +4,11 @@ the SLOs.
 - `capacity` (default): the highest request rate at which every SLO holds, measured by the
   load ladder (`autotune.ladder`) in one launch; shown as headroom over the recorded rate.
   Maximised. A run "meets the SLOs" when its capacity covers the recorded rate (headroom >= 1).
-- `goodput` (default): requests per second that meet every per-request SLO, the same number
+- `min-memory[:Hx]`: the smallest `gpu_memory_utilization` at which every SLO still holds at
+  the recorded rate times H (`--headroom`, default 1.5), measured by one ladder step at speed-up
+  H. Minimised; a config that misses an SLO there is infeasible (value +inf and a violated
+  constraint), so the sampler learns where memory runs short. For several models on one GPU.
+- `goodput`: requests per second that meet every per-request SLO, the same number
   `vllm bench serve --goodput` reports. Maximised.
 - `throughput`: completed requests per second. Maximised.
 - `pareto[:METRIC_pPCT]`: throughput (maximised) against a latency percentile (minimised,
@@ -31,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from autotune.errors import AutotuneError
 from workloads.slo import SLO, parse_slo, request_tpot_ms
 
-ObjectiveKind = Literal["capacity", "goodput", "throughput", "pareto"]
+ObjectiveKind = Literal["capacity", "goodput", "throughput", "pareto", "min-memory"]
 
 # Default SLOs for the embedded tiny model on a 2-core CPU under the sample translation trace
 # (measured, see docs in the report): a sane config keeps p95 TTFT well under a second and
@@ -45,6 +49,9 @@ DEFAULT_GPU_SLOS: tuple[str, ...] = ("ttft_p95_ms=500", "tpot_p95_ms=50")
 # the config and are recorded as FAIL, which TPE ignores.
 CONFIG_FAILURES = frozenset({"oom", "start_timeout", "crash", "http_errors", "invalid_config"})
 
+_MIN_MEMORY = re.compile(r"^min-memory(?::(?P<headroom>.+?)x?)?$")
+# The engine argument min-memory minimises (on CPU: the share of NUMA-node memory vLLM reserves).
+MEMORY_KNOB = "gpu_memory_utilization"
 _PARETO = re.compile(r"^pareto(?::(?P<metric>ttft|tpot|itl|e2el)_p(?P<pct>[0-9.]+))?$")
 
 
@@ -56,27 +63,61 @@ class Objective(BaseModel):
     kind: ObjectiveKind = "capacity"
     latency_metric: str | None = None  # pareto only
     latency_percentile: float | None = None
+    headroom: float | None = None  # min-memory only: the SLOs must hold at recorded rate x this
 
     @property
     def directions(self) -> list[str]:
-        return ["maximize", "minimize"] if self.kind == "pareto" else ["maximize"]
+        if self.kind == "pareto":
+            return ["maximize", "minimize"]
+        return ["minimize"] if self.kind == "min-memory" else ["maximize"]
+
+    @property
+    def minimize(self) -> bool:
+        """True when the scalar the gate and the rankings compare is better lower."""
+        return self.kind == "min-memory"
+
+    def rank_key(self, score: float) -> float:
+        """Sort key that puts the better score first (ascending sort)."""
+        return score if self.minimize else -score
+
+    @property
+    def worst(self) -> float:
+        """The score a failed or infeasible trial is told."""
+        return math.inf if self.minimize else 0.0
 
     @property
     def label(self) -> str:
         """Name of the scalar the gate compares (pareto: its throughput side)."""
         if self.kind in ("capacity", "goodput"):
             return self.kind
+        if self.kind == "min-memory":
+            return MEMORY_KNOB
         return "throughput"
 
     @property
     def uses_ladder(self) -> bool:
+        """Trials are measured by the load ladder (min-memory: a single step at H)."""
+        return self.kind in ("capacity", "min-memory")
+
+    @property
+    def measures_capacity(self) -> bool:
+        """Trials climb the whole ladder to a capacity (first moves, hinted starts, headroom)."""
         return self.kind == "capacity"
 
     @property
     def unit(self) -> str:
-        return "req/s"
+        return "fraction" if self.kind == "min-memory" else "req/s"
+
+    def format_score(self, score: float) -> str:
+        """A score as a progress line shows it."""
+        if self.kind == "min-memory":
+            return f"{MEMORY_KNOB} {score:.3g}"
+        return f"{score:.3g} {self.unit} {self.label}"
 
     def spec(self) -> str:
+        if self.kind == "min-memory":
+            # H is part of the name: a study resumed with another H is refused.
+            return f"min-memory:{self.headroom:g}x"
         if self.kind != "pareto":
             return self.kind
         return f"pareto:{self.latency_metric}_p{self.latency_percentile:g}"
@@ -85,23 +126,45 @@ class Objective(BaseModel):
         return f"{self.latency_metric}_p{self.latency_percentile:g}_ms"
 
 
-def parse_objective(text: str, slos: Sequence[SLO]) -> Objective:
-    """`capacity`, `goodput`, `throughput`, `pareto` or `pareto:e2el_p99`."""
+def parse_objective(text: str, slos: Sequence[SLO], *, headroom: float | None = None) -> Objective:
+    """`capacity`, `goodput`, `throughput`, `pareto`, `pareto:e2el_p99`, `min-memory` (H from
+    `headroom`, i.e. `--headroom`) or `min-memory:2x` (H in the name, as a study stores it)."""
     spec = text.strip().lower()
-    if spec == "capacity" and not slos:
-        raise AutotuneError("--objective capacity needs at least one --slo (e.g. ttft_p95_ms=500)")
+    if spec in ("capacity", "min-memory") and not slos:
+        raise AutotuneError(f"--objective {spec} needs at least one --slo (e.g. ttft_p95_ms=500)")
+    memory = _MIN_MEMORY.match(spec)
+    if memory is not None:
+        return Objective(kind="min-memory", headroom=_headroom(memory["headroom"], headroom))
     if spec in ("capacity", "goodput", "throughput"):
         return Objective(kind=spec)  # type: ignore[arg-type]
     match = _PARETO.match(spec)
     if match is None:
         raise AutotuneError(
-            f"--objective {text!r}: expected capacity, goodput, throughput, pareto or pareto:METRIC_pPCT "
-            f"(e.g. pareto:e2el_p95)"
+            f"--objective {text!r}: expected capacity, goodput, throughput, min-memory, pareto or "
+            f"pareto:METRIC_pPCT (e.g. pareto:e2el_p95)"
         )
     if match["metric"]:
         return Objective(kind="pareto", latency_metric=match["metric"], latency_percentile=float(match["pct"]))
     first = slos[0] if slos else SLO(metric="e2el", percentile=95, threshold_ms=1)
     return Objective(kind="pareto", latency_metric=first.metric, latency_percentile=first.percentile)
+
+
+def _headroom(written: str | None, flag: float | None) -> float:
+    """H of min-memory: the one in its name (a stored study's), else --headroom's."""
+    if written is not None:
+        try:
+            value = float(written)
+        except ValueError:
+            raise AutotuneError(f"--objective min-memory:{written}: expected e.g. min-memory:1.5x") from None
+    elif flag is not None:
+        value = float(flag)
+    else:
+        raise AutotuneError("--objective min-memory needs --headroom H (e.g. 1.5)")
+    if not (value > 0 and math.isfinite(value)):
+        raise AutotuneError(
+            f"--headroom {value:g}: must be above 0 (1.5 = every SLO held at 1.5x the recorded rate)"
+        )
+    return value
 
 
 def default_slos(accelerator: str) -> list[SLO]:
@@ -123,6 +186,10 @@ class Evaluation(BaseModel):
     # capacity objective: req/s the config carries with every SLO met, and / recorded rate
     capacity_rps: float | None = None
     headroom: float | None = None
+    # min-memory: the config's gpu_memory_utilization and the KV cache vLLM made of it
+    memory: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
 
     @property
     def feasible(self) -> bool:
@@ -183,11 +250,16 @@ class _Record(BaseModel):
     error: str | None = None
 
 
-def evaluate(outcome: Any, objective: Objective, slos: Sequence[SLO]) -> Evaluation:
+def evaluate(
+    outcome: Any, objective: Objective, slos: Sequence[SLO], *, memory: float | None = None
+) -> Evaluation:
     """Score a TrialOutcome. A failed or unmeasured run scores 0 and violates a 'ran'
-    constraint, so the sampler ranks it below every run that worked."""
+    constraint, so the sampler ranks it below every run that worked. `memory`: the config's
+    gpu_memory_utilization (min-memory's score)."""
     if objective.kind == "capacity":
         return _evaluate_capacity(outcome, slos)
+    if objective.kind == "min-memory":
+        return _evaluate_min_memory(outcome, slos, memory)
     summary = outcome.summary if outcome.ok else None
     measured: dict[str, float | None] = {}
     margins: dict[str, float | None] = {}
@@ -235,17 +307,26 @@ def evaluate(outcome: Any, objective: Objective, slos: Sequence[SLO]) -> Evaluat
     )
 
 
+def step_percentiles(
+    step: Any, slos: Sequence[SLO]
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Each SLO's measured percentile in one ladder step and its margin (measured - threshold);
+    None where the step is missing or did not measure it."""
+    measured = {slo.spec(): (step.measured_ms.get(slo.spec()) if step else None) for slo in slos}
+    margins = {
+        slo.spec(): None if measured[slo.spec()] is None else measured[slo.spec()] - slo.threshold_ms
+        for slo in slos
+    }
+    return measured, margins
+
+
 def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
     """Capacity found by the ladder. A ladder a crash cut short keeps what it measured (the
     capacity below the crash), but the run is not `ok`: the gate never exports it."""
     capacity = getattr(outcome, "capacity", None)
     rps = float(capacity.capacity_rps) if capacity is not None else 0.0
     step = capacity.passing_step() if capacity is not None else None
-    measured = {slo.spec(): (step.measured_ms.get(slo.spec()) if step else None) for slo in slos}
-    margins = {
-        slo.spec(): None if measured[slo.spec()] is None else measured[slo.spec()] - slo.threshold_ms
-        for slo in slos
-    }
+    measured, margins = step_percentiles(step, slos)
     headroom = capacity.headroom if capacity is not None else 0.0
     return Evaluation(
         values=[rps],
@@ -263,12 +344,48 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
     )
 
 
+def _evaluate_min_memory(outcome: Any, slos: Sequence[SLO], memory: float | None) -> Evaluation:
+    """One ladder step at speed-up H. Feasible only when that step met every SLO; then the
+    value told to Optuna is the config's memory, otherwise +inf. The constraints keep the
+    relative SLO misses so that the sampler ranks near-misses above far ones."""
+    if memory is None:
+        raise AutotuneError(f"min-memory: the config's {MEMORY_KNOB} is unknown; set it in --baseline")
+    capacity = getattr(outcome, "capacity", None)
+    step = capacity.steps[0] if capacity is not None and capacity.steps else None
+    measured, margins = step_percentiles(step, slos)
+    constraints: dict[str, float] = {"ran": 0.0 if outcome.ok and step is not None else 1.0}
+    for slo in slos:
+        margin = margins[slo.spec()]
+        constraints[f"slo:{slo.spec()}"] = 1.0 if margin is None else margin / slo.threshold_ms
+    passed = bool(outcome.ok) and step is not None and step.passed
+    # A step can fail with every measured percentile under its threshold (abandoned early,
+    # too many errors, a client that lagged): the step's own verdict is a constraint too.
+    constraints["step"] = 0.0 if passed else 1.0
+    kv = getattr(outcome, "kv_cache", None)
+    return Evaluation(
+        values=[float(memory) if passed else math.inf],
+        score=float(memory),
+        measured_ms=measured,
+        margins_ms=margins,
+        constraints=constraints,
+        slo_met=passed,
+        ok=bool(outcome.ok),
+        failure=outcome.failure,
+        failure_detail=outcome.failure_detail,
+        memory=float(memory),
+        kv_cache_gib=kv.gib if kv is not None else None,
+        kv_cache_tokens=kv.tokens if kv is not None else None,
+    )
+
+
 def invalid_config_evaluation(objective: Objective, slos: Sequence[SLO], reason: str) -> Evaluation:
     """The score of a config that breaks a relation and was never launched."""
     constraints = {"ran": 1.0, **{f"slo:{slo.spec()}": 1.0 for slo in slos}}
-    values = [0.0, math.inf] if objective.kind == "pareto" else [0.0]
+    values = [0.0, math.inf] if objective.kind == "pareto" else [objective.worst]
     if objective.kind == "capacity":
         constraints = {"ran": 1.0}
+    if objective.kind == "min-memory":
+        constraints["step"] = 1.0
     return Evaluation(
         values=values,
         score=0.0,

@@ -75,12 +75,11 @@ def baseline_standing(
 ) -> str:
     """The baseline's measured figures in one line: the held-out repeats when the gate ran
     them (and one did not fail), else its search trial."""
-    unit, label = objective.unit, objective.label
     runs = [m for m in measurements if m.candidate == BASELINE and m.ok]
     if runs:
         values = [m.value for m in runs]
         spread = f", {min(values):.3g}-{max(values):.3g}" if len(values) > 1 else ""
-        figure = (f"{statistics.median(values):.3g} {unit} {label} on the held-out window "
+        figure = (f"{objective.format_score(statistics.median(values))} on the held-out window "
                   f"(median of {len(values)} repeat{'s' if len(values) > 1 else ''}{spread})")
         margins: dict[str, float | None] = {}
         for slo in slos:
@@ -89,7 +88,7 @@ def baseline_standing(
         return f"{figure}; {_slo_text(slos, margins)}"
     if baseline_trial is not None and baseline_trial.state == TrialState.COMPLETE:
         score = float(baseline_trial.user_attrs.get("score") or 0.0)
-        figure = (f"{score:.3g} {unit} {label} on the tuning window "
+        figure = (f"{objective.format_score(score)} on the tuning window "
                   f"({trial_label(baseline_trial.number)})")
         return f"{figure}; {_slo_text(slos, baseline_trial.user_attrs.get('margins_ms') or {})}"
     return "not measured"

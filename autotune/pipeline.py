@@ -27,7 +27,7 @@ from autotune.outcome import baseline_problem, baseline_standing, stop_if_baseli
 from autotune.plan import TuningPlan
 from autotune.progress import format_duration, say
 from autotune.redact import redact, redact_argv
-from autotune.report import ReportInputs, capacity_line, write_report
+from autotune.report import ReportInputs, capacity_line, kept_summary, memory_line, write_report
 from autotune.study import StudyOptions, TuningStudy, ValidationResult
 from autotune.trial import TrialRunner
 
@@ -187,6 +187,10 @@ def finish(
                                 baseline_trial=tuning.baseline_trial(study))
     if capacity is not None:
         provenance["capacity"] = capacity
+    memory = None if problem is not None else memory_figures(
+        plan, decision, result.measurements, baseline_trial=tuning.baseline_trial(study))
+    if memory is not None:
+        provenance["memory"] = memory
     best_path = plan.output_dir / "best.yaml"
     if verdict != "nothing":
         export_best(best_path, final_config(plan.baseline, overrides), provenance)
@@ -217,9 +221,11 @@ def finish(
         raise NothingMeasured(f"{problem}; no best.yaml written, see {report}")
     if capacity is not None:
         say(capacity_line(capacity, decision.keep_baseline).replace("**", ""))
+    if memory is not None:
+        say(memory_line(memory, decision.keep_baseline).replace("**", ""))
     if decision.keep_baseline:
         say("")
-        say("*** KEPT THE BASELINE: no config beat it beyond the noise. ***")
+        say(f"*** KEPT THE BASELINE: {kept_summary(plan.objective)}. ***")
         say(f"*** {decision.reason} ***")
         say(f"*** baseline measured: {standing} ***")
         say(f"*** {best_path} holds the baseline config. ***")
@@ -236,7 +242,7 @@ def capacity_figures(
     """Capacity and headroom of the baseline and the winner for best.yaml's provenance, the
     report and the last lines: medians of the gate's held-out repeats, or, when no gate ran,
     the baseline's search measurement on the tuning window (and the figures say which)."""
-    if not plan.objective.uses_ladder:
+    if not plan.objective.measures_capacity:
         return None
     if gated and decision.baseline_median is not None:
         recorded = recorded_rate(plan.holdout_window)
@@ -258,4 +264,52 @@ def capacity_figures(
         win = float(decision.candidate_median)
         figures["winner_rps"] = round(win, 3)
         figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None
+    return figures
+
+
+def memory_figures(
+    plan: TuningPlan, decision: GateDecision, measurements: Sequence[Measurement], *,
+    baseline_trial: Any,
+) -> dict[str, Any] | None:
+    """min-memory: the baseline's and the winner's gpu_memory_utilization, whether they met
+    every SLO at H x the recorded rate, and their KV cache (GiB, tokens) as vLLM logged it;
+    from the gate's held-out repeats, else the baseline's search trial."""
+    objective = plan.objective
+    if objective.kind != "min-memory" or decision.baseline_median is None:
+        return None
+    headroom = float(objective.headroom or 1.0)
+    if measurements:
+        window, source = plan.holdout_window, "held-out window, every repeat of the gate"
+        base_met = next((s.eligible for s in decision.stats if s.candidate == BASELINE), False)
+    else:
+        window, source = plan.tuning_window, "tuning window, the baseline's search trial (no gate ran)"
+        base_met = bool(baseline_trial.user_attrs.get("slo_met")) if baseline_trial else False
+    recorded = recorded_rate(window)
+
+    def kv(name: str) -> dict[str, Any]:
+        runs = [m for m in measurements if m.candidate == name
+                and (m.kv_cache_gib is not None or m.kv_cache_tokens is not None)]
+        if runs:
+            return {"kv_cache_gib": runs[0].kv_cache_gib, "kv_cache_tokens": runs[0].kv_cache_tokens}
+        if name == BASELINE and baseline_trial is not None:
+            return {"kv_cache_gib": baseline_trial.user_attrs.get("kv_cache_gib"),
+                    "kv_cache_tokens": baseline_trial.user_attrs.get("kv_cache_tokens")}
+        return {"kv_cache_gib": None, "kv_cache_tokens": None}
+
+    base_kv = kv(BASELINE)
+    figures: dict[str, Any] = {
+        "headroom": headroom,
+        "measured_on": source,
+        "recorded_rps": round(recorded, 3),
+        "target_rps": round(recorded * headroom, 3),
+        "baseline_gpu_memory_utilization": decision.baseline_median,
+        "baseline_meets_slos": base_met,
+        "baseline_kv_cache_gib": base_kv["kv_cache_gib"],
+        "baseline_kv_cache_tokens": base_kv["kv_cache_tokens"],
+    }
+    if not decision.keep_baseline and decision.candidate_median is not None:
+        win_kv = kv(decision.winner)
+        figures["winner_gpu_memory_utilization"] = decision.candidate_median
+        figures["winner_kv_cache_gib"] = win_kv["kv_cache_gib"]
+        figures["winner_kv_cache_tokens"] = win_kv["kv_cache_tokens"]
     return figures

@@ -39,7 +39,7 @@ DEFAULT_REPEATS = 3
 DEFAULT_LADDER_RESOLUTION = 0.1
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 # Capacity over the recorded rate a config must keep (retune: the deployed config stays while
-# it carries this many times the current traffic).
+# it carries this many times the current traffic; min-memory: the rate its SLOs must hold at).
 DEFAULT_HEADROOM = 1.5
 
 # The plan's fields that belong to one process (where it writes, which study it opens), not
@@ -70,6 +70,7 @@ class TuningRequest(BaseModel):
     space: Path | None = None
     slos: list[str] | None = None
     objective: str = "capacity"
+    headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H
     step_requests: int | None = None
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
     seed: int = 0
@@ -131,7 +132,7 @@ class TuningPlan(BaseModel):
     top_k: int
     repeats: int
     prune: bool = True
-    ladder: LadderSettings | None = None  # the capacity objective's load ladder
+    ladder: LadderSettings | None = None  # the capacity ladder (min-memory: one step at H)
     mode: str
     speedup: float
     startup_timeout_s: float

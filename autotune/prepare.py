@@ -13,7 +13,7 @@ from typing import Any
 from autotune import preflight
 from autotune.errors import AutotuneError
 from autotune.ladder import LadderSettings
-from autotune.objective import default_slos, parse_objective
+from autotune.objective import MEMORY_KNOB, default_slos, parse_objective
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
 from autotune.servers import labelled
@@ -44,7 +44,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     baseline, baseline_source = load_baseline(request)
     accelerator = detect_accelerator()
     slos = slos or default_slos(accelerator)
-    objective = parse_objective(request.objective, slos)
+    objective = parse_objective(request.objective, slos, headroom=request.headroom)
     needs = preflight.requirements(slos, objective)
     effective: dict[str, Any] | None = None
     if fit is None:
@@ -77,11 +77,17 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
 
     check_writable(request.output_dir)  # before any trial: an unwritable folder must not cost one
     known = engine_argument_names()
+    wide = objective.kind == "min-memory"  # memory from 0.05 up: the knob being minimised
     if request.space is not None:
-        space = SearchSpace.load(request.space, accelerator, known_names=known)
+        space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)
     else:
-        space = SearchSpace.default(accelerator)
+        space = SearchSpace.default(accelerator, wide_memory=wide)
         space.check_names(known)
+    if wide and MEMORY_KNOB not in space.params:
+        raise AutotuneError(
+            f"--objective min-memory searches {MEMORY_KNOB}, but the space ({space.source}) does "
+            f"not vary it; add it under 'params:' or drop '{MEMORY_KNOB}: null'"
+        )
     comparisons = {
         f"compare-{path.stem}": apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
         for path in request.compare
@@ -89,6 +95,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))
     profile = profile_trace(trace)
     ladder = ladder_settings(request, accelerator) if objective.uses_ladder else None
+    if ladder is not None and objective.kind == "min-memory":
+        ladder = ladder.single(float(objective.headroom or 1.0))
     workload = {
         "source": request.workload,
         "fingerprint": profile.fingerprint,
@@ -102,6 +110,12 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
             "windows": window_fit.model_dump(mode="json"),
         },
     }
+    effective = effective if effective is not None else resolve_defaults(baseline)
+    if wide and {**effective, **baseline.engine}.get(MEMORY_KNOB) is None:
+        raise AutotuneError(
+            f"--objective min-memory: the baseline's {MEMORY_KNOB} is unknown (vLLM's default "
+            f"could not be resolved); set it in the --baseline file"
+        )
     return TuningPlan(
         accelerator=accelerator,
         objective=objective,
@@ -111,7 +125,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         baseline_source=baseline_source,
         comparisons=comparisons,
         # Resolved once here (it may start importing vLLM): reported as the baseline's defaults.
-        effective_defaults=effective if effective is not None else resolve_defaults(baseline),
+        effective_defaults=effective,
         workload=workload,
         profile_text=format_profile(profile),
         tuning_window=tuning,

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.export import preflight_lines, trial_server_lines
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
+from autotune.kv_cache import KVCacheSize
 from autotune.ladder import CapacityResult
 from autotune.objective import Objective
 from autotune.progress import format_duration
@@ -97,7 +98,9 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
         for trial in trials
         if trial.system_attrs.get("retry_history")
     }
-    header = ["trial", *(["host"] if hosts else []), *names, objective.label, "SLOs", "failure", "wall"]
+    # min-memory's score is the memory column itself: the KV cache vLLM made of it instead.
+    scored = "KV cache" if objective.kind == "min-memory" else objective.label
+    header = ["trial", *(["host"] if hosts else []), *names, scored, "SLOs", "failure", "wall"]
     rows = []
     for trial in trials:
         params = trial.user_attrs.get("engine_params", {})
@@ -116,6 +119,9 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
             cells.append(value if name in explicit or value == "-" else f"{value}*")
         if trial.state == TrialState.COMPLETE:
             score = _fmt(trial.user_attrs.get("score"))
+            if objective.kind == "min-memory":
+                score = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"),
+                                    tokens=trial.user_attrs.get("kv_cache_tokens")).describe()
             slo = "met" if trial.user_attrs.get("slo_met") else "missed"
         else:
             score, slo = "-", trial.state.name.lower()
@@ -150,6 +156,9 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     capacity = provenance.get("capacity")
     if capacity and verdict != "nothing":
         lines += [capacity_line(capacity, decision.keep_baseline), ""]
+    memory = provenance.get("memory")
+    if memory and verdict != "nothing":
+        lines += [memory_line(memory, decision.keep_baseline), ""]
     if verdict == "nothing":
         lines += [
             "**RESULT: NOTHING COULD BE MEASURED.** The baseline, which every figure of the study "
@@ -161,8 +170,8 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         ]
     elif decision.keep_baseline:
         lines += [
-            "**RESULT: THE BASELINE WAS KEPT.** No searched config beat it beyond the measured "
-            f"noise and every SLO in every repeat. `{inputs.best_yaml.name}` holds the baseline.",
+            f"**RESULT: THE BASELINE WAS KEPT.** {kept_summary(objective, capital=True)}. "
+            f"`{inputs.best_yaml.name}` holds the baseline.",
             "",
             f"Baseline measured: {inputs.baseline_standing or 'see the tables below'}.",
             "",
@@ -269,6 +278,41 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     return path
 
 
+def kept_summary(objective: Objective, *, capital: bool = False) -> str:
+    """Why a kept baseline was kept, in the objective's terms."""
+    if objective.kind == "min-memory":
+        text = (f"no searched config met every SLO at {objective.headroom:g}x the recorded rate "
+                f"with less memory, in every repeat")
+    else:
+        text = "no searched config beat it beyond the measured noise and every SLO in every repeat"
+    return text[0].upper() + text[1:] if capital else text
+
+
+def _kv(figures: dict[str, Any], who: str) -> str:
+    gib, tokens = figures.get(f"{who}_kv_cache_gib"), figures.get(f"{who}_kv_cache_tokens")
+    parts = ([f"{gib:.3g} GiB"] if gib is not None else []) + ([f"{tokens:,} tokens"] if tokens is not None else [])
+    return f" (KV cache {', '.join(parts)})" if parts else ""
+
+
+def memory_line(memory: dict[str, Any], kept_baseline: bool) -> str:
+    """The first line of a min-memory report: the memory the exported config needs to meet
+    every SLO at H x the user's traffic, against the baseline's."""
+    at = f"at {memory['headroom']:g}x your recorded traffic"
+    base = memory["baseline_gpu_memory_utilization"]
+    where = f" ({memory['target_rps']:.3g} req/s; {memory.get('measured_on', 'held-out window')})"
+    if not kept_baseline and memory.get("winner_gpu_memory_utilization") is not None:
+        missed = "" if memory.get("baseline_meets_slos") else ", which misses an SLO there"
+        return (f"**Memory: the exported config meets every SLO {at} with gpu_memory_utilization "
+                f"{memory['winner_gpu_memory_utilization']:g}{_kv(memory, 'winner')} vs the "
+                f"baseline's {base:g}{missed}**{where}")
+    if memory.get("baseline_meets_slos"):
+        return (f"**Memory: the baseline meets every SLO {at} with gpu_memory_utilization "
+                f"{base:g}{_kv(memory, 'baseline')}; no config with less memory did in every "
+                f"repeat**{where}")
+    return (f"**Memory: the baseline, gpu_memory_utilization {base:g}{_kv(memory, 'baseline')}, "
+            f"misses an SLO {at}, and no searched config met them all in every repeat**{where}")
+
+
 def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
     """The first line of a capacity report: how much of the user's traffic each config carries."""
     recorded = capacity["recorded_rps"]
@@ -338,6 +382,13 @@ def _validation_section(inputs: ReportInputs) -> list[str]:
             f"(relative spread) {'-' if decision.noise is None else f'{decision.noise:.1%}'}. "
             "Rule: emit only if the CI lies above 0 and the effect exceeds the baseline's spread.",
         ]
+    if objective.kind == "min-memory":
+        lines += [
+            "",
+            f"Each run is one load step at {objective.headroom:g}x the window's recorded rate. Rule: "
+            "emit the config with the least gpu_memory_utilization that met every SLO in every "
+            "repeat, if it uses less than the baseline (or the baseline missed an SLO).",
+        ]
     headroom = _headroom(inputs.measurements, inputs.slos)
     if headroom:
         lines += ["", "SLO headroom (threshold minus the worst repeat's percentile; negative = missed):", ""]
@@ -391,17 +442,19 @@ def write_plots(output_dir: Path, inputs: ReportInputs) -> list[tuple[str, str]]
                    label="feasible", color="tab:blue")
         ax.scatter([x for x, f in zip(xs, feasible, strict=True) if not f], [y for y, f in zip(ys, feasible, strict=True) if not f],
                    label="infeasible (SLO missed / failed)", color="tab:red", marker="x")
-        best, running = [], -math.inf
+        best: list[float] = []
+        running: float | None = None
         for y, f in zip(ys, feasible, strict=True):
-            running = max(running, y) if f else running
-            best.append(running if running > -math.inf else np.nan)
+            if f and (running is None or objective.rank_key(y) < objective.rank_key(running)):
+                running = y
+            best.append(running if running is not None else np.nan)
         ax.step(xs, best, where="post", color="tab:green", label="best feasible so far")
         ax.set_xlabel("trial")
         ax.set_ylabel(f"{objective.label} ({objective.unit})")
         ax.legend(fontsize=8)
         save(fig, "history.png", "Optimisation history")
 
-    importances = _importances(study, trials)
+    importances = _importances(study, trials, objective)
     if importances:
         fig, ax = plt.subplots(figsize=(6, 0.5 + 0.4 * len(importances)))
         names = list(importances)[::-1]
@@ -486,7 +539,10 @@ def _ladders(dirs: Sequence[Path]) -> list[CapacityResult]:
     return found
 
 
-def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, float]:
+def _importances(study: optuna.Study, trials: list[FrozenTrial], objective: Objective) -> dict[str, float]:
+    if objective.kind == "min-memory":
+        # The score is the memory knob itself: its "importance" would be a tautology.
+        return {}
     varied = {
         name
         for name in (trials[0].params if trials else {})
@@ -503,7 +559,7 @@ def _importances(study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, fl
             return optuna.importance.get_param_importances(
                 study,
                 params=sorted(varied),
-                target=lambda t: -float(t.user_attrs.get("score", 0.0)),
+                target=lambda t: objective.rank_key(float(t.user_attrs.get("score", 0.0))),
             )
     except (RuntimeError, ValueError):
         return {}

@@ -169,9 +169,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add(
         "--objective",
         default=None,
-        help="capacity, goodput, throughput or pareto[:METRIC_pPCT] (default: the deployed "
-        "config's, else goodput). Only capacity measures the deployed config first and keeps it "
-        "while it has --headroom; the others re-tune on every drift",
+        help="capacity, goodput, throughput, min-memory or pareto[:METRIC_pPCT] (default: the "
+        "deployed config's, else goodput). Only capacity measures the deployed config first and "
+        "keeps it while it has --headroom; the others re-tune on every drift",
     )
     add(
         "--headroom",
@@ -179,8 +179,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_HEADROOM,
         metavar="H",
         help="capacity objective: the deployed config stays while its capacity on the current "
-        "traffic is at least H x the traffic's recorded rate (exit 11, no study) "
-        "(default: %(default)s)",
+        "traffic is at least H x the traffic's recorded rate (exit 11, no study); min-memory "
+        "(when the deployed config's objective does not name its own H): every SLO must hold "
+        "at H x the recorded rate (default: %(default)s)",
     )
     add(
         "--step-requests",
@@ -430,7 +431,9 @@ def previous_best(deployed: ServerConfig, space: Any, engine: dict[str, Any]) ->
         )
         return []
     trials = [t for t in study.get_trials(deepcopy=False) if TuningStudy.feasible(t)]
-    trials.sort(key=lambda t: (-float(t.user_attrs.get("score", 0.0)), t.number))
+    # Best first in the old study's own direction (min-memory: least memory first).
+    minimize = [d.name for d in study.directions] == ["MINIMIZE"]
+    trials.sort(key=lambda t: ((1 if minimize else -1) * float(t.user_attrs.get("score", 0.0)), t.number))
     found = []
     for trial in trials:
         if is_baseline(trial):
@@ -497,7 +500,7 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     if args.dry_run:
         with tempfile.TemporaryDirectory(prefix="retune-dry-run-") as scratch:
             plan, warm = prepare(args, deployed, current, Path(scratch), study_name)
-        checks = plan.objective.uses_ladder and not args.force
+        checks = plan.objective.measures_capacity and not args.force
         print_plan(plan, warm, out_dir / study_name, out_dir / f"best-v{version}.yaml", why,
                    headroom=args.headroom if checks else None)
         return EXIT_DRY_RUN_DRIFT if report.drifted else EXIT_NO_DRIFT
@@ -506,7 +509,7 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     plan, warm = prepare(args, deployed, current, work_dir, study_name)
     if runner is None:
         runner = pipeline.build_runner(plan, registry=work_dir / "servers.json", say=say)
-    if plan.objective.uses_ladder and not args.force:
+    if plan.objective.measures_capacity and not args.force:
         check, runner = measure_deployed(args, plan, runner)
         say(check.line())
         if check.keep:
@@ -556,6 +559,7 @@ def prepare(
         space=args.space,
         slos=args.slo or provenance.get("slos") or None,
         objective=args.objective or provenance.get("objective") or "goodput",
+        headroom=args.headroom,
         step_requests=args.step_requests,
         ladder_resolution=args.ladder_resolution,
         seed=args.seed,

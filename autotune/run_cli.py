@@ -14,6 +14,7 @@ from pathlib import Path
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.launcher import reap_stale_servers
 from autotune.plan import (
+    DEFAULT_HEADROOM,
     DEFAULT_HOLDOUT_S,
     DEFAULT_LADDER_RESOLUTION,
     DEFAULT_REPEATS,
@@ -88,8 +89,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--objective", default="capacity",
         help="capacity (the highest req/s at which every SLO holds, found by a load ladder in "
              "one launch per config), goodput (req/s meeting every SLO at the recorded rate), "
-             "throughput, or pareto[:METRIC_pPCT] (throughput vs a latency percentile) "
-             "(default: %(default)s)")
+             "throughput, pareto[:METRIC_pPCT] (throughput vs a latency percentile), or "
+             "min-memory (the smallest gpu_memory_utilization that meets every SLO at the "
+             "recorded rate x --headroom; for several models on one GPU) (default: %(default)s)")
+    add("--headroom", type=float, default=DEFAULT_HEADROOM, metavar="H",
+        help="min-memory objective: every SLO must hold at H x the traffic's recorded rate "
+             "(one load step at speed-up H per trial and per gate run) (default: %(default)s)")
     add("--step-requests", type=int, default=None, metavar="N",
         help="capacity ladder: requests per load step, at least (default: 200 on GPU, 60 on CPU)")
     add("--ladder-resolution", type=float, default=DEFAULT_LADDER_RESOLUTION, metavar="R",
@@ -142,6 +147,9 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
         raise AutotuneError(f"--trials {args.trials}: must be at least 1 (the baseline)")
     if args.top_k < 1 or args.repeats < 1:
         raise AutotuneError("--top-k and --repeats must be at least 1")
+    if not args.headroom > 0:
+        raise AutotuneError(f"--headroom {args.headroom:g}: must be above 0 (1.5 = 50% more than "
+                            "the recorded rate)")
     budget = parse_duration(args.time_budget) if args.time_budget else None
     gpu_seconds = parse_duration(args.gpu_seconds, option="--gpu-seconds") if args.gpu_seconds else None
     trials = args.trials
@@ -171,6 +179,7 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
         space=args.space,
         slos=args.slo,
         objective=args.objective,
+        headroom=args.headroom,
         step_requests=args.step_requests,
         ladder_resolution=args.ladder_resolution,
         seed=args.seed,

@@ -20,6 +20,7 @@ engine-argument names, numbers or true/false): parsed, never evaluated as Python
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import operator
 import re
@@ -108,6 +109,8 @@ class ParamSpec(BaseModel):
             return f"powers of two {int(self.low)}..{int(self.high)}"
         kind = "int" if self.type == "int" else "float"
         scale = ", log scale" if self.log else ""
+        if self.step:
+            scale += f", step {self.step:g}"
         low, high = (int(self.low), int(self.high)) if kind == "int" else (self.low, self.high)
         return f"{kind} {low}..{high}{scale}"
 
@@ -264,14 +267,19 @@ BUILTIN_RELATIONS: tuple[str, ...] = (
 # Defaults and engine-argument names
 
 
-def default_params(accelerator: Accelerator) -> dict[str, ParamSpec]:
+def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> dict[str, ParamSpec]:
     """The product card's space. On CPU `gpu_memory_utilization` is the share of CPU memory
-    vLLM reserves for the KV cache (0.92 fails on a 24 GB machine; 0.3 works)."""
-    memory = (
-        ParamSpec(type="float", low=0.80, high=0.95)
-        if accelerator == "gpu"
-        else ParamSpec(type="float", low=0.20, high=0.35)
-    )
+    vLLM reserves for the KV cache (0.92 fails on a 24 GB machine; 0.3 works).
+
+    `wide_memory` (the min-memory objective): memory from 0.05 up, in steps of 0.05, so that a
+    model sharing a GPU with others can be given a small slice."""
+    if wide_memory:
+        high = 0.95 if accelerator == "gpu" else 0.35
+        memory = ParamSpec(type="float", low=0.05, high=high, step=0.05)
+    elif accelerator == "gpu":
+        memory = ParamSpec(type="float", low=0.80, high=0.95)
+    else:
+        memory = ParamSpec(type="float", low=0.20, high=0.35)
     return {
         "max_num_seqs": ParamSpec(type="int", low=1, high=32, log=True),
         "max_num_batched_tokens": ParamSpec(
@@ -311,8 +319,8 @@ class SearchSpace:
         self.source = source
 
     @classmethod
-    def default(cls, accelerator: Accelerator) -> SearchSpace:
-        return cls(default_params(accelerator))
+    def default(cls, accelerator: Accelerator, *, wide_memory: bool = False) -> SearchSpace:
+        return cls(default_params(accelerator, wide_memory=wide_memory))
 
     @classmethod
     def load(
@@ -321,6 +329,7 @@ class SearchSpace:
         accelerator: Accelerator,
         *,
         known_names: frozenset[str] | None = None,
+        wide_memory: bool = False,
     ) -> SearchSpace:
         """Read `--space FILE.yaml` on top of the defaults; names are checked against
         `known_names` (AsyncEngineArgs fields) when given."""
@@ -341,7 +350,7 @@ class SearchSpace:
             raise AutotuneError(
                 f"{path}: field '{field}' = {first.get('input')!r}: {first['msg']}"
             ) from None
-        params = dict(default_params(accelerator)) if spec.extend_defaults else {}
+        params = dict(default_params(accelerator, wide_memory=wide_memory)) if spec.extend_defaults else {}
         for name, param in spec.params.items():
             if param is None:
                 params.pop(name, None)
@@ -398,9 +407,8 @@ class SearchSpace:
                     name, int(param.low), int(param.high), step=step, log=param.log
                 )
             else:
-                values[name] = trial.suggest_float(
-                    name, param.low, param.high, step=param.step, log=param.log
-                )
+                value = trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
+                values[name] = _on_step(value, param)
         return values
 
     def fixed_params(self, engine_values: Mapping[str, Any]) -> dict[str, Any]:
@@ -430,6 +438,20 @@ class SearchSpace:
             "params": {name: param.model_dump(exclude_none=True) for name, param in self.params.items()},
             "relations": [relation.text for relation in self.relations],
         }
+
+
+def _on_step(value: float, param: ParamSpec) -> float:
+    """`value` rounded to the decimals of the grid low + k * step: Optuna's arithmetic gives
+    0.15000000000000002, which would reach the config file and the report."""
+    if not param.step:
+        return value
+    places = max(_decimals(param.step), _decimals(param.low or 0.0))
+    return round(value, places)
+
+
+def _decimals(number: float) -> int:
+    exponent = decimal.Decimal(repr(float(number))).normalize().as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
 
 
 def _is_pow2(value: int) -> bool:

@@ -42,10 +42,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
 from autotune.first_moves import Move, first_moves, follow_up
-from autotune.gate import BASELINE, GateDecision, Measurement, decide, round_robin
+from autotune.gate import (
+    BASELINE,
+    GateDecision,
+    Measurement,
+    decide,
+    decide_min_memory,
+    round_robin,
+)
+from autotune.kv_cache import KVCacheSize
 from autotune.ladder import CapacityResult, recorded_rate
 from autotune.objective import (
     CONFIG_FAILURES,
+    MEMORY_KNOB,
     Evaluation,
     Objective,
     evaluate,
@@ -442,7 +451,7 @@ class TuningStudy:
         return 10 if n is None else max(3, min(10, n // 3))
 
     def _pruner(self) -> optuna.pruners.BasePruner:
-        if not self.options.prune or self.objective.kind in ("pareto", "capacity"):
+        if not self.options.prune or self.objective.kind == "pareto" or self.objective.uses_ladder:
             # Optuna cannot prune multi-objective trials; a ladder abandons its own failing
             # steps and has no goodput-so-far to compare.
             return optuna.pruners.NopPruner()
@@ -561,7 +570,7 @@ class TuningStudy:
         """Once the baseline's capacity is known, plan the one-knob moves its measurement
         points to (autotune.first_moves), once per study. One move is queued at a time, so
         that a move that paid off is followed a step further before the next idea."""
-        if not self.objective.uses_ladder:
+        if not self.objective.measures_capacity:
             return
         if "first_moves" not in study.user_attrs:
             baseline = self.baseline_trial(study)
@@ -758,14 +767,15 @@ class TuningStudy:
                 trial.set_user_attr("interrupted", outcome.failure_detail or "interrupted")
             study.tell(trial, state=TrialState.FAIL)
             return study.trials[trial.number]
-        evaluation = evaluate(outcome, self.objective, self.slos)
+        evaluation = evaluate(outcome, self.objective, self.slos, memory=self.memory_of(config))
         return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
 
     def _ladder_start(self, study: optuna.Study, window: Trace, rps: float | None) -> dict[str, Any]:
         """Where a capacity ladder starts: at `rps` (this config's capacity measured before),
         else at the best capacity of the study so far, as a speed-up of `window`; nothing
-        for the other objectives (their runners take no such keyword)."""
-        if not self.objective.uses_ladder:
+        for the other objectives (their runners take no such keyword, or, min-memory, their
+        single step is always at the headroom)."""
+        if not self.objective.measures_capacity:
             return {}
         if rps is None:
             best = self.best_trials(study, 1, include_baseline=True)
@@ -786,7 +796,7 @@ class TuningStudy:
         return True
 
     def _prune_callback(self, trial: optuna.Trial) -> Callable[[float, Any], bool] | None:
-        if self.objective.kind in ("pareto", "capacity") or not self.options.prune:
+        if self.objective.kind == "pareto" or self.objective.uses_ladder or not self.options.prune:
             return None
         reported: set[int] = set()
 
@@ -820,6 +830,10 @@ class TuningStudy:
         if evaluation.capacity_rps is not None:
             trial.set_user_attr("capacity_rps", evaluation.capacity_rps)
             trial.set_user_attr("headroom", evaluation.headroom)
+        if evaluation.memory is not None:
+            trial.set_user_attr("memory", evaluation.memory)
+            trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)
+            trial.set_user_attr("kv_cache_tokens", evaluation.kv_cache_tokens)
         trial.set_user_attr("slo_met", evaluation.slo_met)
         trial.set_user_attr("measured_ms", evaluation.measured_ms)
         trial.set_user_attr("margins_ms", evaluation.margins_ms)
@@ -842,9 +856,8 @@ class TuningStudy:
         done = sum(counts_toward_budget(t) for t in trials)
         elapsed = self.clock() - start
         best = self.best_trials(study, 1, include_baseline=True)
-        unit = self.objective.unit
         best_text = (
-            f"{best[0].user_attrs['score']:.3g} {unit} {self.objective.label} ({trial_label(best[0].number)})"
+            f"{self.objective.format_score(best[0].user_attrs['score'])} ({trial_label(best[0].number)})"
             if best
             else "none feasible yet"
         )
@@ -894,7 +907,7 @@ class TuningStudy:
             # Only Pareto-optimal configs go to the gate; ranked there by throughput.
             front = {t.number for t in study.best_trials}
             candidates = [t for t in candidates if t.number in front]
-        candidates.sort(key=lambda t: (-t.user_attrs.get("score", 0.0), t.number))
+        candidates.sort(key=lambda t: (self.objective.rank_key(t.user_attrs.get("score", 0.0)), t.number))
         chosen: list[FrozenTrial] = []
         seen: list[dict[str, Any]] = []
         for trial in candidates:
@@ -906,6 +919,17 @@ class TuningStudy:
             if len(chosen) == k:
                 break
         return chosen
+
+    def memory_of(self, config: ServerConfig) -> float | None:
+        """The gpu_memory_utilization `config` runs with (vLLM's default when it sets none)."""
+        value = {**self.effective_defaults, **self._explicit(config)}.get(MEMORY_KNOB)
+        return None if value is None else float(value)
+
+    def decide(self, measurements: Sequence[Measurement]) -> GateDecision:
+        """The gate's rule for this study's objective (autotune.gate)."""
+        if self.objective.kind == "min-memory":
+            return decide_min_memory(measurements, headroom=float(self.objective.headroom or 1.0))
+        return decide(measurements, seed=self.options.seed)
 
     def baseline_trial(self, study: optuna.Study) -> FrozenTrial | None:
         done = [t for t in study.get_trials(deepcopy=False) if is_baseline(t) and t.state.is_finished()]
@@ -955,7 +979,7 @@ class TuningStudy:
         server_s = 0.0
         if not top:
             self.say("gate: no feasible candidate from the search; keeping the baseline")
-            decision = decide([_baseline_placeholder(study, self)]).model_copy(
+            decision = self.decide([_baseline_placeholder(study, self)]).model_copy(
                 update={"reason": "no searched config ran and met every SLO, so none was validated"}
             )
             return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
@@ -980,7 +1004,8 @@ class TuningStudy:
                 **self._ladder_start(study, self.holdout_window, hint),
             )
             server_s += server_seconds(outcome)
-            evaluation = evaluate(outcome, self.objective, self.slos)
+            evaluation = evaluate(outcome, self.objective, self.slos,
+                                  memory=self.memory_of(candidates[name]))
             measurements.append(
                 Measurement(
                     candidate=name,
@@ -991,6 +1016,8 @@ class TuningStudy:
                     failure=evaluation.failure,
                     margins_ms=evaluation.margins_ms,
                     host=host,
+                    kv_cache_gib=evaluation.kv_cache_gib,
+                    kv_cache_tokens=evaluation.kv_cache_tokens,
                 )
             )
             write_text_atomic(
@@ -1001,12 +1028,14 @@ class TuningStudy:
                 status = f"{evaluation.headroom:.2f}x the recorded rate" + (
                     "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})"
                 )
+            if self.objective.kind == "min-memory":
+                status = memory_status(evaluation, self.objective)
             self.say(
                 f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
-                f"{evaluation.score:.3g} {self.objective.unit} {self.objective.label}, {status}"
+                f"{self.objective.format_score(evaluation.score)}, {status}"
             )
         searched = [m for m in measurements if m.candidate not in self.comparisons]
-        decision = decide(searched, seed=options.seed)
+        decision = self.decide(searched)
         return ValidationResult(
             measurements, decision, candidates, run_dirs, self.clock() - start, server_s
         )
@@ -1017,6 +1046,16 @@ def _baseline_placeholder(study: optuna.Study, tuning: TuningStudy) -> Measureme
     score = float(trial.user_attrs.get("score", 0.0)) if trial is not None else 0.0
     met = bool(trial.user_attrs.get("slo_met", False)) if trial is not None else False
     return Measurement(candidate=BASELINE, repeat=0, value=score, slo_met=met)
+
+
+def memory_status(evaluation: Evaluation, objective: Objective) -> str:
+    """A min-memory run's line: SLOs at H, and the KV cache."""
+    at = f"at {objective.headroom:g}x the recorded rate"
+    text = f"SLOs met {at}" if evaluation.slo_met else f"{_slo_text(evaluation)} {at}"
+    kv = KVCacheSize(gib=evaluation.kv_cache_gib, tokens=evaluation.kv_cache_tokens)
+    if kv.gib is not None or kv.tokens is not None:
+        text += f", KV cache {kv.describe()}"
+    return text
 
 
 def _slo_text(evaluation: Evaluation) -> str:
@@ -1039,11 +1078,16 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
         return f"{failure}: {trial.user_attrs.get('failure_detail')} ({params})"
     score = trial.user_attrs.get("score", 0.0)
     status = "SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed"
-    if trial.user_attrs.get("headroom") is not None:
+    if objective.kind == "min-memory":
+        status = ("SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed") + f" at {objective.headroom:g}x the recorded rate"
+        kv = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"), tokens=trial.user_attrs.get("kv_cache_tokens"))
+        if kv.gib is not None or kv.tokens is not None:
+            status += f", KV cache {kv.describe()}"
+    elif trial.user_attrs.get("headroom") is not None:
         status = f"{trial.user_attrs['headroom']:.2f}x the recorded rate"
     if trial.user_attrs.get("move"):
         params = f"first move {trial.user_attrs['move']}: {params}"
-    return f"{score:.3g} {objective.unit} {objective.label}, {status} ({params})"
+    return f"{objective.format_score(score)}, {status} ({params})"
 
 
 def _fmt(value: Any) -> str:

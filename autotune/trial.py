@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
+from autotune.kv_cache import KVCacheSize, read_kv_cache
 from autotune.ladder import CapacityResult, LadderSettings, LoadLadder
 from autotune.launcher import (
     ServerLauncher,
@@ -92,6 +93,8 @@ class TrialOutcome(BaseModel):
     # The load ladder's result (capacity objective); kept when a step crashed the server.
     capacity: CapacityResult | None = None
     server: str | None = None  # what ran the trial (TrialServer.describe())
+    # The KV cache vLLM logged at start (server.log); None when the log has no such line.
+    kv_cache: KVCacheSize | None = None
 
 
 class _Failed(Exception):
@@ -149,6 +152,7 @@ class _Trial:
             teardown=self.teardown,
             capacity=self.capacity,
             server=self.server_kind,
+            kv_cache=read_kv_cache(self.dir / "server.log"),
         )
 
 

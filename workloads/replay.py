@@ -51,7 +51,7 @@ import logging
 import os
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -616,19 +616,17 @@ class ReplayRun:
         await asyncio.gather(*slots)
 
     async def _progress(self) -> None:
-        assert self.on_progress is not None
-        tick = 1
-        while True:
-            await asyncio.sleep(max(self.t0 + tick - time.monotonic(), 0.0))
-            elapsed = time.monotonic() - self.t0
-            tick = int(elapsed) + 1
-            # Percentiles over every token gap so far and the callback (which may write to
-            # storage: Optuna's trial.report) run in a worker thread, off the loop that
-            # times sends; numpy releases the GIL for the heavy part.
-            late = self.late_counts()
-            if await asyncio.to_thread(self._report, elapsed, self.tally.copy(), late):
-                self.stop_requested.set()
-                return
+        await each_second(self.t0, self._tick)
+
+    async def _tick(self, elapsed: float) -> bool:
+        # Percentiles over every token gap so far and the callback (which may write to
+        # storage: Optuna's trial.report) run in a worker thread, off the loop that times
+        # sends; numpy releases the GIL for the heavy part. The snapshot is taken on the loop.
+        late = self.late_counts()
+        if await asyncio.to_thread(self._report, elapsed, self.tally.copy(), late):
+            self.stop_requested.set()
+            return True
+        return False
 
     def late_counts(self) -> list[int]:
         """Per SLO, requests in flight that already miss it: no first token (TTFT) or no end
@@ -726,6 +724,18 @@ def client_session(mode: ReplayMode, api_token: str | None) -> aiohttp.ClientSes
         trust_env=False,
         auto_decompress=False,
     )
+
+
+async def each_second(t0: float, tick: Callable[[float], Awaitable[bool]]) -> None:
+    """Await `tick(seconds since t0)` about once a second (t0 on time.monotonic) until it
+    returns True; the progress loop of a replay and of a multi-process replay alike."""
+    due = 1
+    while True:
+        await asyncio.sleep(max(t0 + due - time.monotonic(), 0.0))
+        elapsed = time.monotonic() - t0
+        due = int(elapsed) + 1
+        if await tick(elapsed):
+            return
 
 
 def check_options(speedup: float, duration_s: float | None, timeout_s: float) -> None:

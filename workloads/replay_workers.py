@@ -41,6 +41,7 @@ from workloads.replay import (
     Tally,
     check_options,
     client_session,
+    each_second,
     planned_requests,
     replay,
     warn_if_lagging,
@@ -231,17 +232,16 @@ class _Parent:
                                     f"before finishing its share")
 
     async def _progress(self) -> None:
+        await each_second(self.t0, self._tick)
+
+    async def _tick(self, elapsed: float) -> bool:
         assert self.on_progress is not None
-        tick = 1
-        while True:
-            await asyncio.sleep(max(self.t0 + tick - time.monotonic(), 0.0))
-            elapsed = time.monotonic() - self.t0
-            tick = int(elapsed) + 1
-            late = [sum(column) for column in zip(*self.late.values(), strict=True)] if self.late else []
-            summary = self.tally.copy().summary(elapsed, planned=self.planned, late=late)
-            if await asyncio.to_thread(self.on_progress, elapsed, summary):
-                self.stop.set()
-                return
+        late = [sum(column) for column in zip(*self.late.values(), strict=True)] if self.late else []
+        summary = self.tally.copy().summary(elapsed, planned=self.planned, late=late)
+        if await asyncio.to_thread(self.on_progress, elapsed, summary):
+            self.stop.set()
+            return True
+        return False
 
     def _stop_workers(self) -> None:
         self.stop.set()

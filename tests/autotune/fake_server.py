@@ -17,6 +17,10 @@ Keys (all optional):
   slots           serve at most this many completions at once, the rest wait in line (a
                   server with a known capacity: slots / (max_tokens * token_delay_s) req/s);
                   /metrics then reports live vllm:num_requests_running / _waiting gauges
+  memory_slots    [[MEMORY, SLOTS], ...]: `slots` from the config's gpu_memory_utilization,
+                  the pair with the highest MEMORY at or under it (a config that carries more
+                  with more memory); the start log then has vLLM 0.32 CPU's KV cache lines,
+                  scaled to the memory
 GET /stats answers {"completions": n}: the completions received so far (for tests that act
 once the measured window is under way).
 """
@@ -66,6 +70,16 @@ def main() -> int:
     completions = {"n": 0}
     lock = threading.Lock()
     slots = behaviour.get("slots")
+    if behaviour.get("memory_slots"):
+        memory = config_memory(args.config)
+        slots = max((s for low, s in behaviour["memory_slots"] if low <= memory + 1e-9), default=1)
+        # The lines vLLM 0.32's CPU backend logs at start (copied from a real server.log).
+        kv_gib, tokens = round(memory * 2.3, 2), int(memory * 1_209_600)
+        print(f"(Worker pid=4999) INFO 11-24 07:43:17 [cpu_worker.py:260] Auto set ({kv_gib}/9.09) GiB "
+              f"for KV cache on node 0, with {memory * 9.1:.2f} GiB requested memory for the worker. "
+              "0.68 GiB memory was consumed by non-kv usages.", flush=True)
+        print(f"(EngineCore pid=4935) INFO 11-24 07:43:17 [kv_cache_utils.py:2327] CPU KV cache size: "
+              f"{tokens:,} tokens, Maximum concurrency for 2,048 tokens per request: 59.06x", flush=True)
     gate = threading.Semaphore(slots) if slots else None
     gauges = {"running": 0, "waiting": 0}
 
@@ -166,6 +180,16 @@ def main() -> int:
     if exit_code == -signal.SIGKILL:
         os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
     return exit_code
+
+
+def config_memory(path: str) -> float:
+    """gpu_memory_utilization of a trial's config.yaml (either spelling)."""
+    import yaml
+
+    with open(path) as handle:
+        config = yaml.safe_load(handle) or {}
+    value = config.get("gpu-memory-utilization", config.get("gpu_memory_utilization"))
+    return float(value if value is not None else 0.9)
 
 
 if __name__ == "__main__":

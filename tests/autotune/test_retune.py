@@ -409,3 +409,33 @@ def test_dry_run_names_the_capacity_check_and_launches_nothing(tmp_path, traces,
     assert runner.calls == 0
     assert "first launch the deployed config once" in capsys.readouterr().out
     assert not list(deployed.parent.glob(f"*/{CHECK_FILE}"))
+
+
+def test_a_min_memory_config_is_retuned_under_its_own_headroom(tmp_path, traces, capsys) -> None:
+    deployed = deploy(tmp_path / "deploy", objective="min-memory:2x")
+    code = cli(["--current", traces["drifted"], "--config", deployed, "--dry-run", *FAST], NeverRun())
+    assert code == retune.EXIT_DRY_RUN_DRIFT
+    out = capsys.readouterr().out
+    assert "objective min-memory:2x" in out
+    assert "gpu_memory_utilization (float 0.05..0.35, step 0.05)" in out  # the widened space
+    assert "keep it (exit 11" not in out  # no capacity check: min-memory re-tunes on drift
+
+
+def test_warm_starts_from_a_min_memory_study_come_least_memory_first(tmp_path) -> None:
+    from optuna.distributions import FloatDistribution
+
+    storage = f"sqlite:///{tmp_path / 'old.db'}"
+    old = optuna.create_study(study_name="old", storage=storage, direction="minimize")
+    memory = FloatDistribution(0.05, 0.35, step=0.05)
+    for value, feasible in ((0.3, True), (0.1, False), (0.2, True), (0.15, True)):
+        old.add_trial(optuna.trial.create_trial(
+            value=value if feasible else math.inf, params={"gpu_memory_utilization": value},
+            distributions={"gpu_memory_utilization": memory},
+            user_attrs={"score": value, "overrides": {"gpu_memory_utilization": value}},
+            system_attrs={"constraints": [0.0 if feasible else 1.0]},
+        ))
+    deployed = ServerConfig(engine=default_engine_settings(),
+                            provenance={"study": {"name": "old", "storage": storage}})
+    space = SearchSpace.default("cpu", wide_memory=True)
+    starts = retune.previous_best(deployed, space, {"gpu_memory_utilization": 0.3})
+    assert [s.params["gpu_memory_utilization"] for s in starts] == [0.15, 0.2, 0.3]

@@ -1,11 +1,12 @@
 """`autotune run` end to end on the real CPU engine (slow: each engine start is ~30-60 s).
 
-Kept to seven engine starts in all: a short study whose searched config runs out of memory
+Kept to eleven engine starts in all: a short study whose searched config runs out of memory
 (the failure is classified, the study goes on, best.yaml and report.md are written); a tuner
 SIGKILLed mid-trial (its server and engine core stop by themselves within 15 s) then resumed
 (completed trials intact, the study finishes); SIGTERM mid-trial (the server group stopped
 within 15 s, exit 143); and issue 20's long-prompt trace measured with `--over-context cap`
-(the capped requests counted in the report and best.yaml).
+(the capped requests counted in the report and best.yaml); and `--objective min-memory` (four
+starts) exporting less memory than the baseline's 0.3 with vLLM's KV cache figures.
 
 p50 SLOs keep the windows short: a p95 needs 200 requests per window (autotune.preflight).
 """
@@ -250,3 +251,35 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.slow
+def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generous_slos(tmp_path: Path) -> None:
+    """Four engine starts: the baseline (0.3) and one searched config (0.15-0.25), each one
+    load step at 1.5x the recorded rate; the gate re-runs both once on the held-out window."""
+    import yaml
+
+    space = tmp_path / "space.yaml"
+    space.write_text("extend_defaults: false\nparams:\n"
+                     "  gpu_memory_utilization: {type: float, low: 0.15, high: 0.25, step: 0.05}\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--workload", str(SAMPLE), "--objective", "min-memory",
+         "--trials", "2", "--tuning-window", "8", "--holdout-window", "6", "--top-k", "1", "--repeats", "1",
+         "--step-requests", "20", "--slo", "ttft_p50_ms=5000", "--slo", "tpot_p50_ms=500",
+         "--space", str(space), "--output-dir", str(out), "--study-name", "min-memory"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    memory = best["gpu-memory-utilization"]
+    assert memory in (0.15, 0.2, 0.25)
+    figures = best["additional-config"]["vllm_autotune"]["provenance"]["memory"]
+    assert figures["baseline_gpu_memory_utilization"] == 0.3 and figures["baseline_meets_slos"]
+    # vLLM's own figures, read from the trial's start log: less memory, a smaller KV cache.
+    assert 0 < figures["winner_kv_cache_gib"] < figures["baseline_kv_cache_gib"]
+    assert 0 < figures["winner_kv_cache_tokens"] < figures["baseline_kv_cache_tokens"]
+    report = (out / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Memory: the exported config meets every SLO at 1.5x your recorded "
+                                f"traffic with gpu_memory_utilization {memory:g} (KV cache ")
+    assert report[2].split("**")[1].endswith("vs the baseline's 0.3")

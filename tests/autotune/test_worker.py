@@ -36,6 +36,7 @@ from autotune.distributed import (
     run_worker,
 )
 from autotune.errors import AutotuneError
+from autotune.ladder import LadderSettings
 from autotune.launcher import RegisteredServer, StaleServerRegistry
 from autotune.objective import default_slos, parse_objective
 from autotune.plan import TuningPlan
@@ -338,3 +339,20 @@ def test_passwords_stay_out_of_logs_and_exported_files() -> None:
     assert "s3cret" not in redact(url) and "tuner@db" in redact(url).replace(":***", "")
     shown = redact_argv(["autotune", "run", "--storage", url, f"--storage={url}", "--trials", "4"])
     assert not any("s3cret" in arg for arg in shown) and shown[-2:] == ["--trials", "4"]
+
+
+def test_a_min_memory_study_hands_its_headroom_and_single_step_to_workers(tmp_path: Path, url: str) -> None:
+    plan = make_plan(tmp_path, url, 4)
+    objective = parse_objective("min-memory", plan.slos, headroom=2.0)
+    plan = plan.model_copy(update={
+        "objective": objective, "space": SearchSpace.default("cpu", wide_memory=True),
+        "ladder": LadderSettings.for_accelerator("cpu").single(2.0),
+    })
+    create_shared_study(plan, say=lambda line: None)
+    storage = storage_for(url)
+    rebuilt = load_shared(storage, NAME, url, tmp_path / "w")
+    assert rebuilt.objective == objective and rebuilt.objective.spec() == "min-memory:2x"
+    assert rebuilt.ladder is not None and rebuilt.ladder.single_step and rebuilt.ladder.start_speedup == 2.0
+    assert rebuilt.space.params["gpu_memory_utilization"].low == 0.05
+    study = optuna.load_study(study_name=NAME, storage=storage)
+    assert [d.name for d in study.directions] == ["MINIMIZE"]
