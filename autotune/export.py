@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.gate import GateDecision
 from autotune.objective import Objective
+from autotune.servers import TrialServer
 from server.config import ServerConfig
 from workloads.slo import SLO
 
@@ -97,8 +98,10 @@ def build_provenance(
     search: dict[str, Any],
     now: dt.datetime | None = None,
     baseline_standing: str | None = None,
+    trial_server: TrialServer | None = None,
 ) -> dict[str, Any]:
     """Everything needed to judge and reproduce the result, JSON-able."""
+    server = trial_server or TrialServer()
     return {
         "tool": "vllm-autotune",
         "date": (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"),
@@ -122,6 +125,8 @@ def build_provenance(
         "validation": validation,
         "baseline": {"source": baseline_source, "effective_defaults": effective_defaults},
         "vllm_version": vllm_version(),
+        # Which server the figures were measured on (the file serves on either).
+        "trial_server": {**server.model_dump(mode="json"), "ran": server.describe()},
         "hardware": hardware(),
         "model": model,
         "workload": workload,
@@ -148,12 +153,19 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
             f"objective {provenance['objective']} under SLOs {', '.join(provenance['slos']) or 'none'}",
             *_memory_lines(provenance.get("memory")),
             f"model {provenance['model']}  vLLM {provenance['vllm_version']}  on {device}",
+            *trial_server_lines(provenance),
             f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
             *preflight_lines(workload),
             f"use: python -m server --config {path_hint}   or   vllm serve --config {path_hint}",
             "full provenance: additional-config.vllm_autotune.provenance below",
         ]
     )
+
+
+def trial_server_lines(provenance: dict[str, Any]) -> list[str]:
+    """The server the trials ran on, one line (none in provenance written before it was kept)."""
+    server = provenance.get("trial_server")
+    return [f"measured on: {server['ran']}"] if isinstance(server, dict) and server.get("ran") else []
 
 
 def _memory_lines(memory: dict[str, Any] | None) -> list[str]:

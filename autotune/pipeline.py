@@ -54,6 +54,7 @@ def build_runner(
 ) -> TrialRunner:
     """The runner that measures the plan's trials; `registry` records the servers it starts
     (so that the next run ends them if this process is killed)."""
+    plan.trial_server.check(())  # a worker's host must have the server too
     return TrialRunner(
         mode=plan.mode,
         speedup=plan.speedup,
@@ -62,6 +63,7 @@ def build_runner(
         stale_registry=registry,
         ladder=plan.ladder,
         say=say,
+        server=plan.trial_server,
     )
 
 
@@ -179,6 +181,7 @@ def finish(
         search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
                 "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
         baseline_standing=standing,
+        trial_server=plan.trial_server,
     )
     capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
                                 baseline_trial=tuning.baseline_trial(study))

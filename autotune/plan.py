@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, field_serializer, model_validator
 
 from autotune.ladder import LadderSettings
 from autotune.objective import Objective, parse_objective
+from autotune.servers import TrialServer
 from autotune.space import ParamSpec, SearchSpace, parse_relation
 from server.config import ServerConfig
 from workloads.slo import SLO, parse_slos
@@ -80,6 +81,7 @@ class TuningRequest(BaseModel):
     repeats: int = DEFAULT_REPEATS
     mode: str = "timed"
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    trial_server: TrialServer = TrialServer()
 
 
 class StoredWindow(BaseModel):
@@ -135,6 +137,8 @@ class TuningPlan(BaseModel):
     speedup: float
     startup_timeout_s: float
     command_line: list[str]
+    # What every trial runs on (workers too); studies stored before it existed ran ours.
+    trial_server: TrialServer = TrialServer()
     # This process's (PROCESS_FIELDS):
     study_name: str
     output_dir: Path

@@ -16,6 +16,7 @@ from autotune.ladder import LadderSettings
 from autotune.objective import MEMORY_KNOB, default_slos, parse_objective
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
+from autotune.servers import labelled
 from autotune.space import SearchSpace, engine_argument_names
 from autotune.study import check_writable
 from server.config import (
@@ -91,6 +92,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         f"compare-{path.stem}": apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
         for path in request.compare
     }
+    request.trial_server.check(labelled(baseline, comparisons, baseline_source))
     profile = profile_trace(trace)
     ladder = ladder_settings(request, accelerator) if objective.uses_ladder else None
     if ladder is not None and objective.kind == "min-memory":
@@ -139,6 +141,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         speedup=request.speedup,
         startup_timeout_s=request.startup_timeout_s,
         command_line=request.command_line,
+        trial_server=request.trial_server,
         study_name=request.study_name,
         output_dir=request.output_dir,
         storage=request.storage,

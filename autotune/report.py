@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
-from autotune.export import preflight_lines
+from autotune.export import preflight_lines, trial_server_lines
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
 from autotune.kv_cache import KVCacheSize
 from autotune.ladder import CapacityResult
@@ -198,6 +198,7 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         f"Command: `{provenance['command_line']}`  ",
         f"Date: {provenance['date']}; vLLM {provenance['vllm_version']}; model `{provenance['model']}`; "
         f"hardware: {_hardware(provenance['hardware'])}.",
+        *[f"Trials {line}." for line in trial_server_lines(provenance)],
         "",
         "## Objective and SLOs",
         "",

@@ -63,6 +63,7 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
+from autotune.servers import add_server_flags, deployed_server, trial_server
 from server.config import ServerConfig
 from server.recorder import read_recording
 from workloads.files import atomic_file
@@ -269,6 +270,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="drift: relative change of mean concurrency",
     )
+    add_server_flags(add, default_help="the server the deployed config's trials ran on, from its "
+                                       "provenance; autotune when it does not say")
     parser.set_defaults(func=retune_command)
 
 
@@ -567,6 +570,8 @@ def prepare(
         repeats=args.repeats,
         mode=args.mode,
         startup_timeout_s=args.startup_timeout,
+        trial_server=trial_server(args.server, args.api_server_count,
+                                  default=deployed_server(provenance)),
     )
     plan = prepare_plan(request)
     limit = min(args.warm_start, max(0, args.trials - 1))

@@ -26,6 +26,7 @@ from autotune.plan import (
 )
 from autotune.preflight import OVER_CONTEXT_CHOICES
 from autotune.progress import parse_duration, say
+from autotune.servers import add_server_flags, trial_server
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -116,6 +117,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replay at recorded arrival times, or closed loop with N requests in flight (default: %(default)s)")
     add("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="S",
         help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
+    add_server_flags(add)
     add("--workers-only", action="store_true",
         help="create the study in --storage with every setting above stored in it, measure "
              "nothing and exit: `autotune worker --storage URL --study NAME` processes (one per "
@@ -188,4 +190,5 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
         repeats=args.repeats,
         mode=args.mode,
         startup_timeout_s=args.startup_timeout,
+        trial_server=trial_server(args.server, args.api_server_count),
     )

@@ -35,6 +35,7 @@ from autotune.scraper import (
     ServerMetrics,
     server_metrics,
 )
+from autotune.servers import TrialServer
 from autotune.signals import stop_reason
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
@@ -91,6 +92,7 @@ class TrialOutcome(BaseModel):
     teardown: TeardownReport | None = None  # how the server was stopped, what was left
     # The load ladder's result (capacity objective); kept when a step crashed the server.
     capacity: CapacityResult | None = None
+    server: str | None = None  # what ran the trial (TrialServer.describe())
     # The KV cache vLLM logged at start (server.log); None when the log has no such line.
     kv_cache: KVCacheSize | None = None
 
@@ -107,8 +109,9 @@ class _Failed(Exception):
 class _Trial:
     """What one run has gathered so far (filled step by step, read when writing results)."""
 
-    def __init__(self, trial_dir: Path):
+    def __init__(self, trial_dir: Path, server: str):
         self.dir = trial_dir
+        self.server_kind = server
         self.server: ServerProcess | None = None
         self.failure: FailureKind | None = None
         self.failure_detail: str | None = None
@@ -148,6 +151,7 @@ class _Trial:
             trial_dir=str(self.dir),
             teardown=self.teardown,
             capacity=self.capacity,
+            server=self.server_kind,
             kv_cache=read_kv_cache(self.dir / "server.log"),
         )
 
@@ -156,7 +160,8 @@ class TrialRunner:
     """Runs trials: one server start, warm-up, measured window and stop per `run()`.
 
     `max_error_fraction`: above this share of failed requests the trial fails with
-    "http_errors" (the summary is kept). `server_command` replaces `[python, "-m", "server"]`.
+    "http_errors" (the summary is kept). `server` says which server runs the trials (ours
+    by default, or stock `vllm serve`); `server_command` replaces its command (tests' fakes).
     """
 
     def __init__(
@@ -177,6 +182,7 @@ class TrialRunner:
         ladder: LadderSettings | None = None,
         say: Callable[[str], None] | None = None,
         replay_workers: int | Literal["auto"] = "auto",
+        server: TrialServer | None = None,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -196,6 +202,7 @@ class TrialRunner:
         self.max_error_fraction = max_error_fraction
         self.request_timeout_s = request_timeout_s
         self.server_command = server_command
+        self.server = server or TrialServer()
         # Replayer processes for the measured window (auto: more than one only at rates one
         # event loop cannot send on time; workloads.replay_workers).
         self.replay_workers = replay_workers
@@ -224,11 +231,11 @@ class TrialRunner:
             raise AutotuneError(f"{trial_dir}: the trial window has no requests")
         trial_dir = Path(trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        trial = _Trial(trial_dir)
+        trial = _Trial(trial_dir, self.server.describe())
         try:
             try:
                 config.write(trial_dir / "config.yaml")
-                self._start(trial)
+                self._start(trial, self.server.write_config(config, trial_dir))
                 if self.ladder is not None:
                     asyncio.run(self._measure_ladder(trial, window, start_speedup))
                 else:
@@ -246,19 +253,17 @@ class TrialRunner:
 
     # -- steps --------------------------------------------------------------------------
 
-    def _start(self, trial: _Trial) -> None:
+    def _start(self, trial: _Trial, config_path: Path) -> None:
         launcher = ServerLauncher(
-            python=self.python,
             host=self.host,
             startup_timeout_s=self.startup_timeout_s,
             registry=StaleServerRegistry(self.stale_registry) if self.stale_registry else None,
             study=trial.dir.parent.name,
-            command=self.server_command,
+            command=self.server_command or self.server.command(self.python),
+            extra_args=self.server.extra_args(self.host),
         )
         try:
-            server = launcher.start(
-                trial.dir / "config.yaml", trial.dir / "server.log", trial=trial.dir.name
-            )
+            server = launcher.start(config_path, trial.dir / "server.log", trial=trial.dir.name)
         except ServerStartFailed as failure:
             trial.teardown = failure.teardown
             raise _Failed(failure.kind, failure.detail) from None

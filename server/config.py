@@ -377,6 +377,24 @@ class ServerConfig(BaseModel):
         data[kebab(ADDITIONAL_CONFIG)] = additional
         return data
 
+    def vllm_serve_mapping(self) -> dict[str, Any]:
+        """Engine arguments only, in `vllm serve --config` spelling: the file a tuner gives
+        stock `vllm serve`, which takes host and port on its command line and has no use for
+        our section (other plugins' additional-config stays)."""
+        data = self.to_mapping()
+        for name in SERVER_KEYS:
+            data.pop(kebab(name), None)
+        additional = dict(data.pop(kebab(ADDITIONAL_CONFIG)))
+        additional.pop(OUR_SECTION, None)
+        if additional:
+            data[kebab(ADDITIONAL_CONFIG)] = additional
+        return data
+
+    def write_vllm_serve(self, path: str | os.PathLike[str]) -> None:
+        """Writes `vllm_serve_mapping()` as YAML, atomically."""
+        text = yaml.safe_dump(self.vllm_serve_mapping(), sort_keys=False, allow_unicode=True)
+        write_text_atomic(Path(path), text)
+
     def write(self, path: str | os.PathLike[str], *, header: str | None = None) -> None:
         """Writes the YAML file atomically; `header` (or the provenance) as a comment on top."""
         path = Path(path)

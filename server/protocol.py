@@ -106,6 +106,9 @@ class CompletionRequest(BaseModel):
     n: Literal[1] = 1
     logprobs: None = None
     user: StrictStr | None = None
+    # vLLM's switch for `token_ids` in each streamed chunk; ours always sends them, so it is
+    # accepted (either value) and changes nothing: one request body fits both servers.
+    return_token_ids: StrictBool | None = None
     # Benchmark mode only (exact output lengths for load tests):
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(default=0, ge=0)

@@ -461,6 +461,9 @@ class ReplayRun:
             "max_tokens": out,
             "stream": True,
             "stream_options": {"include_usage": True},
+            # Each chunk's token ids (stock vLLM sends them only when asked): the gaps are then
+            # exact, and a token that decodes to no text still counts (first token included).
+            "return_token_ids": True,
             "temperature": 0,
         }
         if self.benchmark_mode:

@@ -1,0 +1,165 @@
+"""Which server runs the trials: ours (`python -m server`) or stock `vllm serve`.
+
+Users whose deployment is `vllm serve` want the configs measured on `vllm serve`, with its
+front end (and its `--api-server-count`), not on our FastAPI app. Both read the same
+`vllm serve --config` YAML (server.config), so a study's best.yaml is the same file either
+way; what differs is the command, the file each one is given and what it may be asked:
+
+- ours: `python -m server --config config.yaml --port P --benchmark-mode` (the trial's
+  config.yaml as written, our serving settings inside);
+- vLLM's: `python -m server.vllm_serve serve --config vllm-serve.yaml --port P --host H
+  [--api-server-count N]`, which is vLLM's own CLI run unchanged with our lifeline around it
+  (server.vllm_serve says why). The file holds engine arguments only: host and port come on
+  the command line, and our `vllm_autotune` section (our server's settings, provenance) is
+  left out, since `vllm serve` would only hand it to platform plugins.
+
+Stock vLLM accepts what the replayer sends (token-id prompts, `ignore_eos` / `min_tokens`,
+`stream_options.include_usage`, `return_token_ids`) on any request, so it needs no
+benchmark-mode switch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import AutotuneError
+from server.config import ServerConfig, ServingSettings
+
+ServerKind = Literal["autotune", "vllm"]
+SERVER_CHOICES: tuple[ServerKind, ...] = ("autotune", "vllm")
+# The module our wrapper runs: where `vllm serve` lives in vLLM 0.8 and later (0.24, 0.32).
+VLLM_CLI_MODULE = "vllm.entrypoints.cli.serve"
+VLLM_SERVE_CONFIG = "vllm-serve.yaml"  # beside the trial's config.yaml
+
+
+class TrialServer(BaseModel):
+    """The server every trial of a study is measured on (stored in the study's plan)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: ServerKind = "autotune"
+    # `vllm serve --api-server-count`: front-end processes sharing one engine core (None:
+    # vLLM's default, one without data parallelism).
+    api_server_count: int | None = Field(default=None, ge=1)
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.kind == "vllm"
+
+    def describe(self) -> str:
+        """One line for logs, outcome.json and the report."""
+        if not self.is_vllm:
+            return "python -m server (vllm-autotune's server)"
+        count = f" --api-server-count {self.api_server_count}" if self.api_server_count else ""
+        return f"vllm serve{count} (stock vLLM)"
+
+    def command(self, python: str) -> list[str]:
+        """What the launcher starts; it appends `--config FILE --port P` and `extra_args`."""
+        if self.is_vllm:
+            return [python, "-m", "server.vllm_serve", "serve"]
+        return [python, "-m", "server"]
+
+    def extra_args(self, host: str) -> list[str]:
+        if not self.is_vllm:
+            return ["--benchmark-mode"]  # lets the replayer force output lengths
+        args = ["--host", host]
+        if self.api_server_count is not None:
+            args += ["--api-server-count", str(self.api_server_count)]
+        return args
+
+    def write_config(self, config: ServerConfig, trial_dir: Path) -> Path:
+        """Write the file this server is started with; return its path.
+
+        The trial's config.yaml (our format, what best.yaml is made from) is written by the
+        runner for both servers; `vllm serve` gets a file of engine arguments beside it.
+        """
+        path = trial_dir / "config.yaml"
+        if self.is_vllm:
+            path = trial_dir / VLLM_SERVE_CONFIG
+            config.write_vllm_serve(path)
+        return path
+
+    def check(self, configs: Iterable[tuple[str, ServerConfig]]) -> None:
+        """Refuse, in one line, what this server cannot run (AutotuneError: exit 2)."""
+        if not self.is_vllm:
+            if self.api_server_count is not None:
+                raise AutotuneError(
+                    "--api-server-count is a `vllm serve` option: add --server vllm, or drop it "
+                    "(our server runs one front-end process)"
+                )
+            return
+        if not _importable(VLLM_CLI_MODULE):
+            raise AutotuneError(
+                f"--server vllm: vLLM's `vllm serve` entry point ({VLLM_CLI_MODULE}) is not "
+                "installed in this Python; install vLLM here, or use --server autotune"
+            )
+        for label, config in configs:
+            ours = our_server_settings(config)
+            if ours:
+                raise AutotuneError(
+                    f"--server vllm: {label} sets our server's own "
+                    f"{', '.join(ours)} (additional-config.vllm_autotune.serving), which "
+                    "`vllm serve` does not have; remove it, or use --server autotune"
+                )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def our_server_settings(config: ServerConfig) -> list[str]:
+    """The serving settings `config` changes from their defaults (our server's only).
+
+    `benchmark_mode` does not count: the tuner turns it on for its own trials anyway, and
+    stock vLLM always accepts what it allows."""
+    defaults = ServingSettings()
+    changed = []
+    for name in ServingSettings.model_fields:
+        if name != "benchmark_mode" and getattr(config.serving, name) != getattr(defaults, name):
+            changed.append(name)
+    return changed
+
+
+def add_server_flags(add: Any, *, default_help: str = "autotune") -> None:
+    """`--server` and `--api-server-count`, as `autotune run` and `retune` take them."""
+    add("--server", choices=SERVER_CHOICES, default=None,
+        help="what runs each trial: autotune (our server, `python -m server`) or vllm (stock "
+             "`vllm serve` from this Python's vLLM, for deployments that run it); best.yaml is "
+             f"the same file either way (default: {default_help})")
+    add("--api-server-count", type=int, default=None, metavar="N",
+        help="with --server vllm: `vllm serve --api-server-count N` (front-end processes "
+             "sharing one engine core) for every trial (default: vLLM's)")
+
+
+def trial_server(
+    kind: str | None, api_server_count: int | None, *, default: ServerKind = "autotune"
+) -> TrialServer:
+    """The flags as a TrialServer; AutotuneError for a count below 1 or without vllm."""
+    if api_server_count is not None and api_server_count < 1:
+        raise AutotuneError(f"--api-server-count {api_server_count}: must be at least 1")
+    chosen: ServerKind = default if kind is None else kind  # type: ignore[assignment]
+    server = TrialServer(kind=chosen, api_server_count=api_server_count)
+    server.check(())  # flag-level refusals now, before any trace is read
+    return server
+
+
+def deployed_server(provenance: dict[str, Any] | None) -> ServerKind:
+    """The server a deployed best.yaml's trials ran on (retune keeps measuring on it)."""
+    stored = (provenance or {}).get("trial_server") or {}
+    kind = stored.get("kind") if isinstance(stored, dict) else None
+    return kind if kind in SERVER_CHOICES else "autotune"
+
+
+def labelled(
+    baseline: ServerConfig, comparisons: dict[str, ServerConfig], baseline_source: str
+) -> Sequence[tuple[str, ServerConfig]]:
+    """Every config a study will launch as written by the user, named for `check`'s message."""
+    return [(f"the baseline ({baseline_source})", baseline), *comparisons.items()]
