@@ -50,15 +50,10 @@ from pydantic import ValidationError
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.export import export_best, header_text
 from autotune.launcher import reap_stale_servers
+from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
-    DEFAULT_HOLDOUT_S,
-    DEFAULT_LADDER_RESOLUTION,
-    DEFAULT_REPEATS,
-    DEFAULT_STARTUP_TIMEOUT_S,
-    DEFAULT_TOP_K,
     DEFAULT_TRIALS,
-    DEFAULT_TUNING_S,
     TuningPlan,
     TuningRequest,
 )
@@ -184,21 +179,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "at H x the recorded rate (default: %(default)s)",
     )
     add(
-        "--step-requests",
-        type=int,
-        default=None,
-        metavar="N",
-        help="capacity ladder: requests per load step, at least (default: 200 on GPU, 60 on CPU)",
-    )
-    add(
-        "--ladder-resolution",
-        type=float,
-        default=DEFAULT_LADDER_RESOLUTION,
-        metavar="R",
-        help="capacity ladder: stop bisecting when the failing rate is within this fraction "
-        "of the passing one (default: %(default)s)",
-    )
-    add(
         "--storage",
         default=None,
         metavar="URL",
@@ -206,56 +186,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add("--study-name", default=None, help="Optuna study name (default: retune-v{N}-<UTC time>)")
     add("--space", type=Path, default=None, metavar="FILE.yaml", help="search space file")
-    add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
-    add(
-        "--tuning-window",
-        type=float,
-        default=DEFAULT_TUNING_S,
-        metavar="S",
-        help="seconds of trace per search trial (default: %(default)s)",
-    )
-    add(
-        "--holdout-window",
-        type=float,
-        default=DEFAULT_HOLDOUT_S,
-        metavar="S",
-        help="seconds of held-out trace per validation run (default: %(default)s)",
-    )
-    add(
-        "--top-k",
-        type=int,
-        default=DEFAULT_TOP_K,
-        metavar="K",
-        help="configs validated against the deployed one (default: %(default)s)",
-    )
-    add(
-        "--repeats",
-        type=int,
-        default=DEFAULT_REPEATS,
-        metavar="R",
-        help="validation repeats per config (default: %(default)s)",
-    )
-    add(
-        "--mode",
-        default="timed",
-        metavar="timed|concurrency=N",
-        help="replay mode (default: %(default)s)",
-    )
-    add("--speedup", type=float, default=1.0, help="replay speed-up (default: %(default)s)")
-    add(
-        "--over-context",
-        choices=("refuse", "drop", "cap"),
-        default="refuse",
-        help="requests longer than the model's context: refuse (default), drop or cap them "
-        "(counted in the report and the new config's provenance)",
-    )
-    add(
-        "--startup-timeout",
-        type=float,
-        default=DEFAULT_STARTUP_TIMEOUT_S,
-        metavar="S",
-        help="seconds a server may take to become ready (default: %(default)s)",
-    )
     add("--ks-threshold", type=float, default=None, help="drift: KS statistic threshold")
     add("--rate-threshold", type=float, default=None, help="drift: relative rate change")
     add(
@@ -270,6 +200,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="drift: relative change of mean concurrency",
     )
+    add_measurement_flags(add)
     add_server_flags(add, default_help="the server the deployed config's trials ran on, from its "
                                        "provenance; autotune when it does not say")
     parser.set_defaults(func=retune_command)
@@ -554,22 +485,12 @@ def prepare(
         trials=args.trials,
         time_budget_s=parse_duration(args.time_budget) if args.time_budget else None,
         storage=args.storage,
-        over_context=args.over_context,
         baseline=baseline_path,
         space=args.space,
         slos=args.slo or provenance.get("slos") or None,
         objective=args.objective or provenance.get("objective") or "goodput",
         headroom=args.headroom,
-        step_requests=args.step_requests,
-        ladder_resolution=args.ladder_resolution,
-        seed=args.seed,
-        tuning_window_s=args.tuning_window,
-        holdout_window_s=args.holdout_window,
-        speedup=args.speedup,
-        top_k=args.top_k,
-        repeats=args.repeats,
-        mode=args.mode,
-        startup_timeout_s=args.startup_timeout,
+        **measurement_fields(args),
         trial_server=trial_server(args.server, args.api_server_count,
                                   default=deployed_server(provenance)),
     )

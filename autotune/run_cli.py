@@ -13,18 +13,12 @@ from pathlib import Path
 
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.launcher import reap_stale_servers
+from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
-    DEFAULT_HOLDOUT_S,
-    DEFAULT_LADDER_RESOLUTION,
-    DEFAULT_REPEATS,
-    DEFAULT_STARTUP_TIMEOUT_S,
-    DEFAULT_TOP_K,
     DEFAULT_TRIALS,
-    DEFAULT_TUNING_S,
     TuningRequest,
 )
-from autotune.preflight import OVER_CONTEXT_CHOICES
 from autotune.progress import parse_duration, say
 from autotune.servers import add_server_flags, trial_server
 
@@ -72,10 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="vLLM load format, e.g. dummy for random weights of the real shape "
              "(default: vLLM's auto; dummy for the embedded model)")
     add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len (default: the model's; 2048 for the embedded model)")
-    add("--over-context", choices=OVER_CONTEXT_CHOICES, default="refuse",
-        help="requests whose input + output exceed the model's context: refuse the run (default), "
-             "drop them from the trace, or cap them (prompts cut to fit); dropped or capped "
-             "requests are counted in the log, report.md and best.yaml")
     add("--baseline", type=Path, default=None, metavar="FILE.yaml",
         help="the config you run today (a server/vllm serve config); default: vLLM's defaults")
     add("--compare", type=Path, action="append", default=None, metavar="FILE.yaml",
@@ -95,28 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--headroom", type=float, default=DEFAULT_HEADROOM, metavar="H",
         help="min-memory objective: every SLO must hold at H x the traffic's recorded rate "
              "(one load step at speed-up H per trial and per gate run) (default: %(default)s)")
-    add("--step-requests", type=int, default=None, metavar="N",
-        help="capacity ladder: requests per load step, at least (default: 200 on GPU, 60 on CPU)")
-    add("--ladder-resolution", type=float, default=DEFAULT_LADDER_RESOLUTION, metavar="R",
-        help="capacity ladder: stop bisecting when the failing rate is within this fraction "
-             "of the passing one (default: %(default)s)")
-    add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
-    add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
-        help="seconds of trace replayed per search trial; lengthened when too few requests for "
-             "the SLO percentiles (p95: 200, p99: 1,000) (default: %(default)s)")
-    add("--holdout-window", type=float, default=DEFAULT_HOLDOUT_S, metavar="S",
-        help="seconds of (disjoint) trace replayed per validation run; lengthened likewise "
-             "(default: %(default)s)")
-    add("--speedup", type=float, default=1.0,
-        help="replay arrivals this many times faster than recorded (timed mode) (default: %(default)s)")
-    add("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
-        help="configs from the search re-run in validation (default: %(default)s)")
-    add("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R",
-        help="validation repeats per config (interleaved) (default: %(default)s)")
-    add("--mode", default="timed", metavar="timed|concurrency=N",
-        help="replay at recorded arrival times, or closed loop with N requests in flight (default: %(default)s)")
-    add("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="S",
-        help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
+    add_measurement_flags(add)
     add_server_flags(add)
     add("--workers-only", action="store_true",
         help="create the study in --storage with every setting above stored in it, measure "
@@ -173,22 +142,12 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
         model=args.model,
         load_format=args.load_format,
         max_model_len=args.max_model_len,
-        over_context=args.over_context,
         baseline=args.baseline,
         compare=args.compare or [],
         space=args.space,
         slos=args.slo,
         objective=args.objective,
         headroom=args.headroom,
-        step_requests=args.step_requests,
-        ladder_resolution=args.ladder_resolution,
-        seed=args.seed,
-        tuning_window_s=args.tuning_window,
-        holdout_window_s=args.holdout_window,
-        speedup=args.speedup,
-        top_k=args.top_k,
-        repeats=args.repeats,
-        mode=args.mode,
-        startup_timeout_s=args.startup_timeout,
         trial_server=trial_server(args.server, args.api_server_count),
+        **measurement_fields(args),
     )

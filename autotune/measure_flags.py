@@ -1,0 +1,66 @@
+"""The flags `autotune run` and `autotune retune` share: how each config is measured (replay,
+load ladder, server start) and re-checked in the gate, and the request fields they fill.
+
+One definition keeps the two commands' spelling, defaults and help the same."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from autotune.plan import (
+    DEFAULT_HOLDOUT_S,
+    DEFAULT_LADDER_RESOLUTION,
+    DEFAULT_REPEATS,
+    DEFAULT_STARTUP_TIMEOUT_S,
+    DEFAULT_TOP_K,
+    DEFAULT_TUNING_S,
+)
+from autotune.preflight import OVER_CONTEXT_CHOICES
+
+
+def add_measurement_flags(add: Any) -> None:
+    """Register the shared flags with `add` (a parser's `add_argument`)."""
+    add("--over-context", choices=OVER_CONTEXT_CHOICES, default="refuse",
+        help="requests whose input + output exceed the model's context: refuse the run (default), "
+             "drop them from the trace, or cap them (prompts cut to fit); dropped or capped "
+             "requests are counted in the log, report.md and best.yaml")
+    add("--step-requests", type=int, default=None, metavar="N",
+        help="capacity ladder: requests per load step, at least (default: 200 on GPU, 60 on CPU)")
+    add("--ladder-resolution", type=float, default=DEFAULT_LADDER_RESOLUTION, metavar="R",
+        help="capacity ladder: stop bisecting when the failing rate is within this fraction "
+             "of the passing one (default: %(default)s)")
+    add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
+    add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
+        help="seconds of trace replayed per search trial; lengthened when too few requests for "
+             "the SLO percentiles (p95: 200, p99: 1,000) (default: %(default)s)")
+    add("--holdout-window", type=float, default=DEFAULT_HOLDOUT_S, metavar="S",
+        help="seconds of (disjoint) trace replayed per validation run; lengthened likewise "
+             "(default: %(default)s)")
+    add("--speedup", type=float, default=1.0,
+        help="replay arrivals this many times faster than recorded (timed mode) (default: %(default)s)")
+    add("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
+        help="configs from the search re-run in validation beside the baseline (default: %(default)s)")
+    add("--repeats", type=int, default=DEFAULT_REPEATS, metavar="R",
+        help="validation repeats per config (interleaved) (default: %(default)s)")
+    add("--mode", default="timed", metavar="timed|concurrency=N",
+        help="replay at recorded arrival times, or closed loop with N requests in flight (default: %(default)s)")
+    add("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="S",
+        help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
+
+
+def measurement_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TuningRequest` fields the shared flags fill, by field name."""
+    return {
+        "over_context": args.over_context,
+        "step_requests": args.step_requests,
+        "ladder_resolution": args.ladder_resolution,
+        "seed": args.seed,
+        "tuning_window_s": args.tuning_window,
+        "holdout_window_s": args.holdout_window,
+        "speedup": args.speedup,
+        "top_k": args.top_k,
+        "repeats": args.repeats,
+        "mode": args.mode,
+        "startup_timeout_s": args.startup_timeout,
+    }
