@@ -42,12 +42,9 @@ from autotune.launcher import StaleServerRegistry, reap_stale_servers
 from autotune.outcome import stop_if_baseline_failed
 from autotune.plan import TuningPlan
 from autotune.redact import redact, redact_argv
-from autotune.study import (
-    TuningStudy,
-    check_writable,
-    counts_toward_budget,
-    trial_label,
-)
+from autotune.study import TuningStudy
+from autotune.study_store import check_writable
+from autotune.trial_records import counts_toward_budget, trial_label
 from workloads.files import write_text_atomic
 
 PLAN_ATTR = "shared_plan"
@@ -419,7 +416,7 @@ def wait_for_search(
     start = clock()
     told: tuple[int, int] | None = None
     while True:
-        tuning.fail_stale(study)
+        tuning.store.fail_stale(study)
         trials = study.get_trials(deepcopy=False)
         done = sum(counts_toward_budget(t) for t in trials)
         running = sum(t.state == TrialState.RUNNING for t in trials)
@@ -441,7 +438,7 @@ def wait_for_search(
         if told != (done, running):
             say(f"waiting for {running} running trial(s) ({done}/{target or '-'} done)")
             told = (done, running)
-        tuning.sleep(tuning.poll_s(study))
+        tuning.sleep(tuning.store.poll_s(study))
 
 
 def search_span_s(study: optuna.Study) -> float:

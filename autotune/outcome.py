@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import NothingMeasured
 from autotune.gate import BASELINE, Measurement
-from autotune.study import is_baseline, trial_label
+from autotune.trial_records import is_baseline, trial_label
 from workloads.slo import SLO
 
 

@@ -22,13 +22,15 @@ import optuna
 from autotune.errors import NothingMeasured
 from autotune.export import build_provenance, export_best, final_config
 from autotune.gate import BASELINE, GateDecision, Measurement, decide
+from autotune.gate_runner import ValidationResult
 from autotune.ladder import recorded_rate
 from autotune.outcome import baseline_problem, baseline_standing, stop_if_baseline_failed
 from autotune.plan import TuningPlan
 from autotune.progress import format_duration, say
 from autotune.redact import redact, redact_argv
 from autotune.report import ReportInputs, capacity_line, kept_summary, memory_line, write_report
-from autotune.study import StudyOptions, TuningStudy, ValidationResult
+from autotune.study import TuningStudy
+from autotune.study_store import StudyOptions
 from autotune.trial import TrialRunner
 
 
@@ -162,7 +164,7 @@ def finish(
         number = int(decision.winner.split("-")[1])
         overrides = study.trials[number].user_attrs.get("overrides", {})
     verdict = "nothing" if problem is not None else "kept" if decision.keep_baseline else "validated"
-    standing = baseline_standing(result.measurements, tuning.baseline_trial(study), plan.slos,
+    standing = baseline_standing(result.measurements, tuning.gate.baseline_trial(study), plan.slos,
                                  plan.objective)
     validation = [m.model_dump() for m in result.measurements]
     provenance = build_provenance(
@@ -184,11 +186,11 @@ def finish(
         trial_server=plan.trial_server,
     )
     capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
-                                baseline_trial=tuning.baseline_trial(study))
+                                baseline_trial=tuning.gate.baseline_trial(study))
     if capacity is not None:
         provenance["capacity"] = capacity
     memory = None if problem is not None else memory_figures(
-        plan, decision, result.measurements, baseline_trial=tuning.baseline_trial(study))
+        plan, decision, result.measurements, baseline_trial=tuning.gate.baseline_trial(study))
     if memory is not None:
         provenance["memory"] = memory
     best_path = plan.output_dir / "best.yaml"

@@ -18,7 +18,7 @@ from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
 from autotune.servers import labelled
 from autotune.space import SearchSpace, engine_argument_names
-from autotune.study import check_writable
+from autotune.study_store import check_writable
 from server.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MODEL_DIR,

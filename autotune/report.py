@@ -26,7 +26,7 @@ from autotune.kv_cache import KVCacheSize
 from autotune.ladder import CapacityResult
 from autotune.objective import Objective
 from autotune.progress import format_duration
-from autotune.study import is_baseline, lost_worker, trial_label
+from autotune.trial_records import is_baseline, lost_worker, trial_label
 from workloads.files import write_text_atomic
 from workloads.slo import SLO
 

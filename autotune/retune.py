@@ -343,7 +343,7 @@ def previous_best(deployed: ServerConfig, space: Any, engine: dict[str, Any]) ->
     """The previous study's best feasible trials, if its storage is still reachable."""
     import optuna
 
-    from autotune.study import TuningStudy, is_baseline
+    from autotune.trial_records import feasible, is_baseline
 
     study_info = (deployed.provenance or {}).get("study") or {}
     name, storage = study_info.get("name"), study_info.get("storage")
@@ -361,7 +361,7 @@ def previous_best(deployed: ServerConfig, space: Any, engine: dict[str, Any]) ->
             file=sys.stderr,
         )
         return []
-    trials = [t for t in study.get_trials(deepcopy=False) if TuningStudy.feasible(t)]
+    trials = [t for t in study.get_trials(deepcopy=False) if feasible(t)]
     # Best first in the old study's own direction (min-memory: least memory first).
     minimize = [d.name for d in study.directions] == ["MINIMIZE"]
     trials.sort(key=lambda t: ((1 if minimize else -1) * float(t.user_attrs.get("score", 0.0)), t.number))
@@ -406,7 +406,7 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     """The CLI entry; `runner` replaces the TrialRunner (tests)."""
     from autotune import pipeline
     from autotune.capacity_check import CHECK_FILE
-    from autotune.study import check_writable
+    from autotune.study_store import check_writable
     from workloads.drift import compare
 
     check_flags(args)

@@ -1,11 +1,12 @@
-"""The tuning study: Optuna drives the search, a TrialRunner measures, the gate validates.
+"""The search: Optuna proposes, a TrialRunner measures, the objective scores; trial by trial
+until the trial, time or GPU-seconds budget is spent. The storage is `autotune.study_store`'s,
+the gate `autotune.gate_runner`'s, a trial's stored attributes `autotune.trial_records`'.
+
+Longer than ~400 lines, and `TuningStudy` longer than ~250, on purpose: what is left is one
+loop (ask, measure, tell; the budgets; waiting on other workers; the first phase's one-knob
+moves), whose steps share the study and the run's budgets and are read in order.
 
 Choices, and why:
-- Sampler: TPE, multivariate (batch size, step budget and memory interact), `group=True`
-  (the baseline is enqueued with only the parameters its values can be represented by, so
-  trials do not all share one parameter set), seeded. TPE rather than NSGA-II also for the
-  Pareto objective: NSGA-II needs a population of tens of trials before it learns anything,
-  and a trial here costs a server start.
 - A config that breaks a relation, or that a server cannot run (OOM, crash, start timeout,
   errors), is told as COMPLETE with objective 0 and a violated `ran` constraint rather than as
   FAIL: TPE ignores FAIL trials entirely (it would keep proposing the same region), while it
@@ -14,47 +15,28 @@ Choices, and why:
 - SLOs are constraints (`Trial.set_constraint`, the Optuna 5 API), so a trial that misses
   one is known as infeasible and is never the "best".
 - The baseline (vLLM's defaults, or `--baseline FILE`) is trial 0, labelled, never pruned.
-- Several workers may share one study (`autotune worker`, `autotune.distributed`): with an
-  RDB storage that has a heartbeat, each measured trial records heartbeats, a trial whose
-  worker stopped beating is failed and retried by Optuna's retry callback, and a worker waits
-  rather than over-shoot the trial count while others still measure.
+- Several workers may share one study: a trial failed as stale is retried by whichever worker
+  asks next, and a worker waits rather than over-shoot the trial count while others still
+  measure.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import math
-import os
-import socket
-import sqlite3
-import tempfile
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import AutotuneError
 from autotune.first_moves import Move, first_moves, follow_up
-from autotune.gate import (
-    BASELINE,
-    GateDecision,
-    Measurement,
-    decide,
-    decide_min_memory,
-    round_robin,
-)
-from autotune.kv_cache import KVCacheSize
-from autotune.ladder import CapacityResult, recorded_rate
+from autotune.gate_runner import GateRunner, Runner, ValidationResult
+from autotune.ladder import CapacityResult
 from autotune.objective import (
     CONFIG_FAILURES,
-    MEMORY_KNOB,
     Evaluation,
     Objective,
     evaluate,
@@ -63,8 +45,22 @@ from autotune.objective import (
 from autotune.progress import format_duration, progress_line
 from autotune.signals import stop_reason
 from autotune.space import POW2_PREFIX, SearchSpace
+from autotune.study_store import StudyOptions, StudyStore
+from autotune.trial_records import (
+    counts_toward_budget,
+    describe_trial,
+    engine_devices,
+    explicit_engine,
+    feasible,
+    is_baseline,
+    memory_of,
+    record_evaluation,
+    record_failure,
+    server_seconds,
+    trial_config,
+    trial_label,
+)
 from server.config import ServerConfig
-from workloads.files import write_text_atomic
 from workloads.slo import SLO
 from workloads.trace import Trace
 
@@ -72,219 +68,10 @@ from workloads.trace import Trace
 CONTEXT_KEYS = ("max_model_len", "enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens")
 
 
-class Runner(Protocol):
-    """What the study needs of `autotune.trial.TrialRunner` (tests pass a fake)."""
-
-    def run(
-        self,
-        config: ServerConfig,
-        window: Trace,
-        trial_dir: Path,
-        *,
-        should_prune: Callable[[float, Any], bool] | None = None,
-    ) -> Any: ...
-
-
-@dataclasses.dataclass
-class StudyOptions:
-    study_name: str
-    output_dir: Path
-    # An Optuna RDB URL (default sqlite:///<output_dir>/study.db), or a storage object (the
-    # search benchmark replays studies in Optuna's in-memory storage).
-    storage: str | optuna.storages.BaseStorage | None = None
-    resume: bool = False
-    n_trials: int | None = 6  # total, the baseline included
-    time_budget_s: float | None = None  # for the search; the gate comes after
-    # Accelerator-seconds the search may spend holding engines (`--gpu-seconds`): each
-    # trial's wall time x the devices its config's engine holds (`engine_devices`).
-    gpu_seconds: float | None = None
-    seed: int = 0
-    top_k: int = 3
-    repeats: int = 3
-    prune: bool = True
-    # `autotune run --resume`: runs an interrupted gate measured on this host are kept
-    # (finalize --again and retune always measure the gate afresh).
-    resume_gate: bool = False
-
-    @property
-    def storage_url(self) -> str:
-        """The storage as text (messages, provenance)."""
-        if self.storage is None:
-            return f"sqlite:///{(self.output_dir / 'study.db').resolve()}"
-        if isinstance(self.storage, str):
-            return self.storage
-        return f"{type(self.storage).__name__} (this process only)"
-
-    @property
-    def registry_path(self) -> Path:
-        return self.output_dir / "servers.json"
-
-
-@dataclasses.dataclass
-class ValidationResult:
-    measurements: list[Measurement]
-    decision: GateDecision
-    candidates: dict[str, ServerConfig]  # label -> config ("baseline" included)
-    run_dirs: dict[str, list[Path]]  # label -> one folder per repeat
-    wall_s: float
-    server_s: float
-
-
-def check_writable(directory: Path) -> None:
-    """Fail before any trial when results could not be written."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-test-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as error:
-        raise AutotuneError(
-            f"{directory}: cannot write results there ({error.strerror or error}); "
-            f"pass a writable --output-dir"
-        ) from None
-
-
-def check_sqlite_database(url: str) -> None:
-    """Refuse a damaged SQLite study file in one line before anything reads or writes it.
-
-    Unchecked, a damaged file fails at open with SQLAlchemy's several-line message, or (when the
-    damage is in pages read later) mid-study with a traceback. Other storages are not checked.
-    """
-    prefix = "sqlite:///"
-    if not url.startswith(prefix):
-        return
-    path = Path(url[len(prefix) :].split("?", 1)[0])
-    if not path.is_file():
-        return
-    try:
-        uri = f"{path.resolve().as_uri()}?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
-            db.text_factory = bytes  # damaged text must not fail the check itself
-            rows = db.execute("PRAGMA quick_check").fetchall()
-            problems = [row[0].decode("utf-8", "replace") for row in rows]
-            if problems == ["ok"]:
-                problems = _damaged_json(db) or problems
-    except sqlite3.OperationalError as error:
-        if "locked" in str(error) or "busy" in str(error):
-            return  # in use by another process, not damaged; opening it will tell
-        problems = [str(error)]
-    except (sqlite3.Error, ValueError) as error:
-        problems = [str(error)]
-    if problems != ["ok"]:
-        raise AutotuneError(
-            f"study database {path} is damaged ({' '.join(problems[0].split())}); move it aside "
-            f"and start a new study (drop --resume), or pass another --output-dir / --storage"
-        )
-
-
-# Optuna's columns holding JSON: bytes overwritten inside them pass SQLite's page checks but
-# fail Optuna mid-study (a decode error deep in SQLAlchemy), so they are checked up front.
-_JSON_COLUMNS = (
-    ("trial_user_attributes", "value_json"),
-    ("trial_system_attributes", "value_json"),
-    ("study_user_attributes", "value_json"),
-    ("study_system_attributes", "value_json"),
-    ("trial_params", "distribution_json"),
-)
-
-
-def _damaged_json(db: sqlite3.Connection) -> list[str]:
-    """The first JSON value of the study's tables that does not decode, as a problem line."""
-    tables = {row[0].decode() for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    for table, column in _JSON_COLUMNS:
-        if table not in tables:
-            continue
-        for rowid, raw in db.execute(f"SELECT rowid, {column} FROM {table}"):  # noqa: S608 - fixed names
-            if raw is None:
-                continue
-            try:
-                json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-            except (UnicodeDecodeError, ValueError):
-                return [f"{table}.{column} of row {rowid} is not valid JSON"]
-    return []
-
-
-def server_seconds(outcome: Any) -> float:
-    """Seconds a server process existed for this trial (engine start to teardown)."""
-    timing = getattr(outcome, "timing", None)
-    if timing is None:
-        return 0.0
-    return float(timing.ready_s + timing.warmup_s + timing.measure_s + timing.teardown_s)
-
-
-def engine_devices(engine: dict[str, Any]) -> int:
-    """Accelerators one engine of this config holds: tensor x pipeline x data parallel size
-    (1 unless the config sets them; on CPU, the engine's wall time is what is counted)."""
-    devices = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        devices *= max(1, int(engine.get(key) or 1))
-    return devices
-
-
-def trial_label(number: int) -> str:
-    return f"trial-{number:04d}"
-
-
-def is_baseline(trial: FrozenTrial) -> bool:
-    return bool(trial.user_attrs.get("baseline"))
-
-
-def lost_worker(trial: FrozenTrial) -> bool:
-    """A trial failed from outside: its worker stopped heartbeating (killed, host lost).
-
-    Every failure the tuner records itself sets `failure` or `interrupted` before telling;
-    Optuna's stale-trial check sets only the state.
-    """
-    return (
-        trial.state == TrialState.FAIL
-        and not trial.user_attrs.get("failure")
-        and not trial.user_attrs.get("interrupted")
-    )
-
-
-def counts_toward_budget(trial: FrozenTrial) -> bool:
-    """Finished trials, minus those a Ctrl-C, a killed tuner or a lost worker cut short."""
-    return (
-        trial.state.is_finished()
-        and not trial.user_attrs.get("interrupted")
-        and not lost_worker(trial)
-    )
-
-
-def heartbeat_interval(storage: Any) -> int | None:
-    """The storage's heartbeat interval in seconds; None when it records no heartbeats."""
-    getter = getattr(storage, "get_heartbeat_interval", None)
-    return getter() if getter is not None else None
-
-
-class _Heartbeat:
-    """Records a trial's heartbeat every interval while it is measured, so other workers can
-    tell a dead worker's trial from a slow one (what `Study.optimize` does for its trials)."""
-
-    def __init__(self, storage: Any, trial_id: int, interval_s: float) -> None:
-        self.storage = storage
-        self.trial_id = trial_id
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            with contextlib.suppress(Exception):  # a missed beat is retried next interval
-                self.storage.record_heartbeat(self.trial_id)
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        self._thread.start()
-        try:
-            yield
-        finally:
-            self._stop.set()
-            self._thread.join()
-
-
 class TuningStudy:
-    """Search, then validate. `run_search()` and `validate()` are the two phases."""
+    """Search, then validate. `run_search()` and `validate()` are the two phases; the study's
+    storage is `self.store`'s, the gate and the ranking of trials `self.gate`'s. Over ~250
+    lines: the search loop and its steps (see the module's docstring)."""
 
     def __init__(
         self,
@@ -325,7 +112,6 @@ class TuningStudy:
         self.comparisons = dict(comparisons or {})
         self.effective_defaults = dict(effective_defaults or {})
         self.study_attrs = dict(study_attrs or {})
-        self.reap = reap
         self.say = say or (lambda line: print(line, flush=True))
         self.clock = clock
         # Stamped on every trial this process measures (host, worker id): the report's host.
@@ -338,148 +124,30 @@ class TuningStudy:
         self.study: optuna.Study | None = None
         self.search_wall_s = 0.0
         self.shared = False  # set by attach(): other processes run trials of this study too
-
-    # -- opening ---------------------------------------------------------------------------
-
-    def settings_fingerprint(self) -> dict[str, Any]:
-        """What must not change between a study and its --resume."""
-        return {
-            "objective": self.objective.spec(),
-            "slos": [slo.spec() for slo in self.slos],
-            "space": self.space.fingerprint(),
-        }
+        # The storage and the gate are built from the same options and parts as the search.
+        common: dict[str, Any] = {"objective": objective, "slos": self.slos, "tuning_window": tuning_window,
+                                  "effective_defaults": self.effective_defaults, "say": self.say}
+        self.store = StudyStore(options, space=space, baseline_source=baseline_source,
+                                study_attrs=self.study_attrs, reap=reap, **common)
+        self.gate = GateRunner(options, baseline=baseline, holdout_window=holdout_window, runner=runner,
+                               comparisons=self.comparisons, clock=clock, **common)
 
     def open(self) -> optuna.Study:
-        """Create the study, or load it with --resume; end servers and close trials a killed
-        tuner left behind."""
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        options = self.options
-        url = options.storage_url
-        check_sqlite_database(url)
-        try:
-            # get_storage passes a storage object through and opens a URL.
-            storage = optuna.storages.get_storage(url if isinstance(options.storage, str | None) else options.storage)
-            existing = set(optuna.get_all_study_names(storage))
-        except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
-            # SQLAlchemy appends the SQL and a link on further lines: the first one says why.
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise AutotuneError(f"--storage {url!r}: cannot open it: {reason}") from None
-        exists = options.study_name in existing
-        if exists and not options.resume:
-            raise AutotuneError(
-                f"study {options.study_name!r} already exists in {url}; pass --resume to continue "
-                f"it or --study-name NEW for a fresh study"
-            )
-        if options.resume and not exists:
-            raise AutotuneError(
-                f"--resume: no study {options.study_name!r} in {url} (it has: "
-                f"{', '.join(sorted(existing)) or 'none'}); drop --resume to start it"
-            )
-        if options.resume and self.reap is not None:
-            ended = self.reap(options.registry_path)
-            if ended:
-                self.say(f"ended {len(ended)} server process(es) a previous run left behind: {ended}")
-        previous = 0
-        if exists:
-            previous = len(optuna.load_study(study_name=options.study_name, storage=storage).trials)
-        # On resume a fresh sampler seeded alike would re-propose the first run's random
-        # points; offsetting by the trials so far keeps runs reproducible and distinct.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=options.seed + previous,
-                multivariate=True,
-                group=True,
-                n_startup_trials=self._startup_trials(),
-            )
-        pruner = self._pruner()
-        if exists:
-            study = optuna.load_study(
-                study_name=options.study_name, storage=storage, sampler=sampler, pruner=pruner
-            )
-            self._check_same_settings(study)
-            self._close_stale(study)
-        else:
-            study = optuna.create_study(
-                study_name=options.study_name,
-                storage=storage,
-                sampler=sampler,
-                pruner=pruner,
-                directions=self.objective.directions,
-            )
-            study.set_user_attr("settings", self.settings_fingerprint())
-            study.set_user_attr("baseline_source", self.baseline_source)
-            study.set_user_attr("effective_defaults", self.effective_defaults)
-            for key, value in self.study_attrs.items():
-                study.set_user_attr(key, value)
-        self.study = study
-        return study
+        """Create the study, or load it with --resume (`StudyStore.open`)."""
+        self.study = self.store.open()
+        return self.study
 
     def attach(self, storage: optuna.storages.BaseStorage, *, seed: int | None = None) -> optuna.Study:
-        """Join a study another process created (a worker, or finalize): load it, never
-        create it, never close trials that other workers are running (heartbeats do that).
-
-        `seed` should differ per worker: two workers seeded alike would propose the same
-        configs. TPE's constant liar keeps a worker away from configs others are measuring.
-        """
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=self.options.seed if seed is None else seed,
-                multivariate=True,
-                group=True,
-                constant_liar=True,
-                n_startup_trials=self._startup_trials(),
-            )
-        try:
-            study = optuna.load_study(
-                study_name=self.options.study_name, storage=storage, sampler=sampler, pruner=self._pruner()
-            )
-        except KeyError:
-            raise AutotuneError(
-                f"no study {self.options.study_name!r} in {self.options.storage_url}; create it with "
-                f"`autotune run --workers-only --storage URL --study-name NAME ...`"
-            ) from None
-        self.study = study
+        """Join a study another process created (`StudyStore.attach`)."""
+        self.study = self.store.attach(storage, seed=seed)
         self.shared = True
-        return study
+        return self.study
 
-    def _startup_trials(self) -> int:
-        # Optuna's default of 10 random trials would make a 6-trial study pure random search.
-        n = self.options.n_trials
-        return 10 if n is None else max(3, min(10, n // 3))
-
-    def _pruner(self) -> optuna.pruners.BasePruner:
-        if not self.options.prune or self.objective.kind == "pareto" or self.objective.uses_ladder:
-            # Optuna cannot prune multi-objective trials; a ladder abandons its own failing
-            # steps and has no goodput-so-far to compare.
-            return optuna.pruners.NopPruner()
-        # Compare goodput-so-far only past 40% of the window: early seconds say little.
-        warmup = int(0.4 * self.tuning_window.duration_s())
-        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup)
-
-    def _check_same_settings(self, study: optuna.Study) -> None:
-        stored = study.user_attrs.get("settings")
-        current = self.settings_fingerprint()
-        if stored is None:
-            return
-        for key in ("objective", "slos", "space"):
-            if stored.get(key) != current[key]:
-                raise AutotuneError(
-                    f"--resume: study {study.study_name!r} was created with {key} "
-                    f"{json.dumps(stored.get(key))}, this run asks for {json.dumps(current[key])}; "
-                    f"use the same options or a new --study-name"
-                )
-
-    def _close_stale(self, study: optuna.Study) -> None:
-        """RUNNING trials in a study nobody is running belong to a killed tuner: FAIL them."""
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study._storage.set_trial_user_attr(
-                trial._trial_id, "interrupted", "the tuner stopped during this trial"
-            )
-            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-            self.say(f"{trial_label(trial.number)}: was running when the tuner stopped; marked failed")
+    def validate(self, study: optuna.Study | None = None) -> ValidationResult:
+        """The gate (`GateRunner.validate`) on this study."""
+        study = study or self.study
+        assert study is not None
+        return self.gate.validate(study)
 
     # -- the search ------------------------------------------------------------------------
 
@@ -489,12 +157,12 @@ class TuningStudy:
         start = self.clock()
         if not self.shared:
             # A shared study was created with its baseline queued; a lost baseline is retried.
-            self._enqueue_baseline(study)
+            self.enqueue_baseline(study)
         durations: list[float] = []
         device_costs: list[float] = []  # accelerator-seconds of each trial this run measured
         waiting_on: int | None = None
         while True:
-            self.fail_stale(study)
+            self.store.fail_stale(study)
             if self.between_trials is not None:
                 self.between_trials()
             trials = study.get_trials(deepcopy=False)
@@ -512,7 +180,7 @@ class TuningStudy:
                         self.say(f"{done}/{options.n_trials} trials done; waiting on {running} "
                                  f"running on other workers")
                         waiting_on = running
-                    self.sleep(self.poll_s(study))
+                    self.sleep(self.store.poll_s(study))
                     continue
             waiting_on = None
             if options.time_budget_s is not None and done > 0:
@@ -548,24 +216,6 @@ class TuningStudy:
         config = self.trial_config(trial.user_attrs.get("overrides") or {})
         return float(trial.user_attrs.get("wall_s") or 0.0) * engine_devices(config.engine)
 
-    @staticmethod
-    def poll_s(study: optuna.Study) -> float:
-        return float(heartbeat_interval(study._storage) or 5)
-
-    def fail_stale(self, study: optuna.Study) -> None:
-        """Fail trials whose worker stopped heartbeating; the storage's callback retries them."""
-        if heartbeat_interval(study._storage) is None:
-            return
-        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            if trial.number in before and lost_worker(trial):
-                where = trial.user_attrs.get("worker") or trial.user_attrs.get("host") or "its worker"
-                self.say(f"{trial_label(trial.number)}: {where} stopped heartbeating; failed it, "
-                         f"queued a retry")
-
     def queue_first_moves(self, study: optuna.Study) -> None:
         """Once the baseline's capacity is known, plan the one-knob moves its measurement
         points to (autotune.first_moves), once per study. One move is queued at a time, so
@@ -573,7 +223,7 @@ class TuningStudy:
         if not self.objective.measures_capacity:
             return
         if "first_moves" not in study.user_attrs:
-            baseline = self.baseline_trial(study)
+            baseline = self.gate.baseline_trial(study)
             if baseline is None or baseline.state != TrialState.COMPLETE:
                 return
             capacity = None
@@ -611,7 +261,7 @@ class TuningStudy:
         detail = trial.user_attrs.get("move_detail")
         if detail:
             return Move.model_validate(detail)
-        baseline = self.baseline_trial(study)
+        baseline = self.gate.baseline_trial(study)
         base = (baseline.user_attrs.get("engine_params") or {}) if baseline else {}
         mine = trial.user_attrs.get("engine_params") or {}
         changed = [k for k in self.space.params if k in mine and mine.get(k) != base.get(k)]
@@ -629,7 +279,7 @@ class TuningStudy:
         found: list[Move] = []
         best_before = 0.0
         for trial in trials:
-            score = float(trial.user_attrs.get("capacity_rps") or 0.0) if self.feasible(trial) else 0.0
+            score = float(trial.user_attrs.get("capacity_rps") or 0.0) if feasible(trial) else 0.0
             move = self._as_move(study, trial)
             if move is not None and trial.number not in followed and trial.state.is_finished():
                 nxt = follow_up(move, self.space) if score > best_before * 1.02 else None
@@ -643,23 +293,16 @@ class TuningStudy:
 
     def enqueue_baseline(self, study: optuna.Study) -> None:
         """Queue the baseline as the next trial unless it was measured or is queued/running."""
-        self._enqueue_baseline(study)
-
-    def _enqueue_baseline(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         measured = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
         # A baseline whose trial failed (crash, errors) is measured again: nothing is judged
         # without it (autotune.outcome).
         if any(is_baseline(t) and t.state in measured and not t.user_attrs.get("failure") for t in trials):
             return
-        known = {**self.effective_defaults, **self._explicit(self.baseline)}
+        known = {**self.effective_defaults, **explicit_engine(self.baseline)}
         fixed = self.space.fixed_params(known)
         names = [n for n in self.space.params if n in fixed or f"{POW2_PREFIX}{n}" in fixed]
         study.enqueue_trial(fixed, user_attrs={"baseline": True, "fixed": names})
-
-    @staticmethod
-    def _explicit(config: ServerConfig) -> dict[str, Any]:
-        return {k: v for k, v in config.engine.items() if v is not None}
 
     def trial_dir(self, number: int) -> Path:
         """Where the search trial `number` writes its files."""
@@ -667,9 +310,7 @@ class TuningStudy:
 
     def trial_config(self, params: dict[str, Any]) -> ServerConfig:
         """The baseline with `params` on top, in benchmark mode (exact output lengths)."""
-        engine = {**self.baseline.engine, **params}
-        serving = self.baseline.serving.model_copy(update={"benchmark_mode": True})
-        return self.baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
+        return trial_config(self.baseline, params)
 
     def run_one(self, study: optuna.Study) -> FrozenTrial:
         """Ask for a trial (a queued one first: the baseline, a retry), measure it, tell it."""
@@ -677,11 +318,10 @@ class TuningStudy:
             # Optuna warns that heartbeats are meant for Study.optimize; we beat ourselves.
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             trial = study.ask()
-        interval = heartbeat_interval(study._storage)
-        if interval is None:
+        heartbeat = self.store.heartbeat(study, trial)
+        if heartbeat is None:
             return self._run_asked(study, trial)
-        study._storage.record_heartbeat(trial._trial_id)
-        with _Heartbeat(study._storage, trial._trial_id, interval).running():
+        with heartbeat:
             try:
                 return self._run_asked(study, trial)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
@@ -714,10 +354,10 @@ class TuningStudy:
         else:
             params = self.space.suggest(trial)
         config = self.trial_config(params)
-        context = {**self.effective_defaults, **self._explicit(config)}
+        context = {**self.effective_defaults, **explicit_engine(config)}
         trial.set_user_attr("engine_params", {k: context.get(k) for k in self.space.params})
         trial.set_user_attr("overrides", params)
-        trial.set_user_attr("explicit", sorted(k for k in self._explicit(config) if k in self.space.params))
+        trial.set_user_attr("explicit", sorted(k for k in explicit_engine(config) if k in self.space.params))
         trial.set_user_attr("trial_dir", str(trial_dir))
         broken = [] if baseline else self.space.broken_relations(context)
         if broken:
@@ -734,7 +374,7 @@ class TuningStudy:
                 self.tuning_window,
                 trial_dir,
                 should_prune=None if baseline else self._prune_callback(trial),
-                **self._ladder_start(study, self.tuning_window, None),
+                **self.gate.ladder_start(study, self.tuning_window, None),
             )
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
             closed = self._close_failed(study, trial, f"{stop_reason(stop)} during the trial; its server was stopped")
@@ -751,39 +391,18 @@ class TuningStudy:
         wall = self.clock() - started
         failure = outcome.failure
         if failure == "pruned":
-            trial.set_user_attr("failure", "pruned")
-            trial.set_user_attr("failure_detail", outcome.failure_detail)
-            trial.set_user_attr("wall_s", wall)
-            trial.set_user_attr("server_s", server_seconds(outcome))
+            record_failure(trial, "pruned", outcome.failure_detail, wall_s=wall, server_s=server_seconds(outcome))
             trial.set_constraint("ran", 0.0)
             study.tell(trial, state=TrialState.PRUNED)
             return study.trials[trial.number]
         if failure is not None and failure not in CONFIG_FAILURES:
-            trial.set_user_attr("failure", failure)
-            trial.set_user_attr("failure_detail", outcome.failure_detail)
-            trial.set_user_attr("wall_s", wall)
-            trial.set_user_attr("server_s", server_seconds(outcome))
+            record_failure(trial, failure, outcome.failure_detail, wall_s=wall, server_s=server_seconds(outcome))
             if failure == "interrupted":
                 trial.set_user_attr("interrupted", outcome.failure_detail or "interrupted")
             study.tell(trial, state=TrialState.FAIL)
             return study.trials[trial.number]
-        evaluation = evaluate(outcome, self.objective, self.slos, memory=self.memory_of(config))
+        evaluation = evaluate(outcome, self.objective, self.slos, memory=memory_of(config, self.effective_defaults))
         return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
-
-    def _ladder_start(self, study: optuna.Study, window: Trace, rps: float | None) -> dict[str, Any]:
-        """Where a capacity ladder starts: at `rps` (this config's capacity measured before),
-        else at the best capacity of the study so far, as a speed-up of `window`; nothing
-        for the other objectives (their runners take no such keyword, or, min-memory, their
-        single step is always at the headroom)."""
-        if not self.objective.measures_capacity:
-            return {}
-        if rps is None:
-            best = self.best_trials(study, 1, include_baseline=True)
-            rps = best[0].user_attrs.get("capacity_rps") if best else None
-        recorded = recorded_rate(window)
-        if not rps or recorded <= 0:
-            return {"start_speedup": None}
-        return {"start_speedup": float(rps) / recorded}
 
     @staticmethod
     def _close_failed(study: optuna.Study, trial: optuna.Trial, reason: str) -> bool:
@@ -824,23 +443,7 @@ class TuningStudy:
         wall_s: float,
         server_s: float,
     ) -> FrozenTrial:
-        for name, value in evaluation.constraints.items():
-            trial.set_constraint(name, value)
-        trial.set_user_attr("score", evaluation.score)
-        if evaluation.capacity_rps is not None:
-            trial.set_user_attr("capacity_rps", evaluation.capacity_rps)
-            trial.set_user_attr("headroom", evaluation.headroom)
-        if evaluation.memory is not None:
-            trial.set_user_attr("memory", evaluation.memory)
-            trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)
-            trial.set_user_attr("kv_cache_tokens", evaluation.kv_cache_tokens)
-        trial.set_user_attr("slo_met", evaluation.slo_met)
-        trial.set_user_attr("measured_ms", evaluation.measured_ms)
-        trial.set_user_attr("margins_ms", evaluation.margins_ms)
-        trial.set_user_attr("failure", evaluation.failure)
-        trial.set_user_attr("failure_detail", evaluation.failure_detail)
-        trial.set_user_attr("wall_s", wall_s)
-        trial.set_user_attr("server_s", server_s)
+        record_evaluation(trial, evaluation, wall_s=wall_s, server_s=server_s)
         study.tell(trial, evaluation.values)
         return study.trials[trial.number]
 
@@ -855,7 +458,7 @@ class TuningStudy:
         trials = study.get_trials(deepcopy=False)
         done = sum(counts_toward_budget(t) for t in trials)
         elapsed = self.clock() - start
-        best = self.best_trials(study, 1, include_baseline=True)
+        best = self.gate.best_trials(study, 1, include_baseline=True)
         best_text = (
             f"{self.objective.format_score(best[0].user_attrs['score'])} ({trial_label(best[0].number)})"
             if best
@@ -873,7 +476,7 @@ class TuningStudy:
             per_trial = spent / len(device_costs or [1])
             fit = math.floor(max(0.0, self.options.gpu_seconds - spent) / per_trial)
             remaining = fit * typical if remaining is None else min(remaining, fit * typical)
-        eta = None if remaining is None else remaining + self.estimated_gate_s(typical)
+        eta = None if remaining is None else remaining + self.gate.estimated_gate_s(typical)
         return progress_line(
             done=done,
             total=self.options.n_trials,
@@ -882,216 +485,3 @@ class TuningStudy:
             eta_s=eta,
             this=f"{trial_label(frozen.number)}: {describe_trial(frozen, self.objective)}",
         )
-
-    def estimated_gate_s(self, typical_trial_s: float) -> float:
-        runs = (self.options.top_k + 1) * self.options.repeats
-        per_run = typical_trial_s - self.tuning_window.duration_s() + self.holdout_window.duration_s()
-        return runs * max(per_run, 0.0)
-
-    # -- results ---------------------------------------------------------------------------
-
-    @staticmethod
-    def feasible(trial: FrozenTrial) -> bool:
-        return trial.state == TrialState.COMPLETE and all(v <= 0 for v in trial.constraints.values())
-
-    def best_trials(
-        self, study: optuna.Study, k: int, *, include_baseline: bool = False
-    ) -> list[FrozenTrial]:
-        """The top `k` feasible trials by objective score, one per distinct config."""
-        candidates = [
-            t
-            for t in study.get_trials(deepcopy=False)
-            if self.feasible(t) and (include_baseline or not is_baseline(t))
-        ]
-        if self.objective.kind == "pareto":
-            # Only Pareto-optimal configs go to the gate; ranked there by throughput.
-            front = {t.number for t in study.best_trials}
-            candidates = [t for t in candidates if t.number in front]
-        candidates.sort(key=lambda t: (self.objective.rank_key(t.user_attrs.get("score", 0.0)), t.number))
-        chosen: list[FrozenTrial] = []
-        seen: list[dict[str, Any]] = []
-        for trial in candidates:
-            overrides = trial.user_attrs.get("overrides", {})
-            if overrides in seen:
-                continue
-            seen.append(overrides)
-            chosen.append(trial)
-            if len(chosen) == k:
-                break
-        return chosen
-
-    def memory_of(self, config: ServerConfig) -> float | None:
-        """The gpu_memory_utilization `config` runs with (vLLM's default when it sets none)."""
-        value = {**self.effective_defaults, **self._explicit(config)}.get(MEMORY_KNOB)
-        return None if value is None else float(value)
-
-    def decide(self, measurements: Sequence[Measurement]) -> GateDecision:
-        """The gate's rule for this study's objective (autotune.gate)."""
-        if self.objective.kind == "min-memory":
-            return decide_min_memory(measurements, headroom=float(self.objective.headroom or 1.0))
-        return decide(measurements, seed=self.options.seed)
-
-    def baseline_trial(self, study: optuna.Study) -> FrozenTrial | None:
-        done = [t for t in study.get_trials(deepcopy=False) if is_baseline(t) and t.state.is_finished()]
-        return done[-1] if done else None
-
-    # -- the gate --------------------------------------------------------------------------
-
-    @staticmethod
-    def _gate_done(record: Path, order: list[tuple[int, str]], host: str) -> list[Measurement]:
-        """The runs a gate cut short (killed tuner, machine taken back) already measured, in
-        this gate's order and on this host; --resume goes on after them. Runs measured on
-        another machine are not mixed in: the comparison must be on one machine."""
-        if not record.is_file():
-            return []
-        try:
-            stored = [Measurement.model_validate(m) for m in json.loads(record.read_text(encoding="utf-8"))]
-        except (ValueError, TypeError):
-            return []
-        done: list[Measurement] = []
-        for measurement, (repeat, name) in zip(stored, order, strict=False):
-            if (measurement.candidate, measurement.repeat) != (name, repeat) or measurement.host != host:
-                break
-            done.append(measurement)
-        return done
-
-    def validate(self, study: optuna.Study | None = None) -> ValidationResult:
-        """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
-        study = study or self.study
-        assert study is not None
-        options = self.options
-        top = self.best_trials(study, options.top_k)
-        candidates: dict[str, ServerConfig] = {BASELINE: self.trial_config({})}
-        for trial in top:
-            candidates[trial_label(trial.number)] = self.trial_config(trial.user_attrs.get("overrides", {}))
-        candidates.update(self.comparisons)
-        # Capacity ladders start where the search found each config's cliff (comparisons
-        # and a baseline without a search trial start at the baseline's).
-        baseline_trial = self.baseline_trial(study)
-        known_rps: dict[str, float | None] = {
-            BASELINE: baseline_trial.user_attrs.get("capacity_rps") if baseline_trial else None
-        }
-        for trial in top:
-            known_rps[trial_label(trial.number)] = trial.user_attrs.get("capacity_rps")
-        run_dirs: dict[str, list[Path]] = {name: [] for name in candidates}
-        measurements: list[Measurement] = []
-        start = self.clock()
-        server_s = 0.0
-        if not top:
-            self.say("gate: no feasible candidate from the search; keeping the baseline")
-            decision = self.decide([_baseline_placeholder(study, self)]).model_copy(
-                update={"reason": "no searched config ran and met every SLO, so none was validated"}
-            )
-            return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
-        order = round_robin(list(candidates), options.repeats)
-        record = options.output_dir / "validation" / "measurements.json"
-        host = socket.gethostname()
-        done = self._gate_done(record, order, host) if options.resume_gate else []
-        if done:
-            self.say(f"gate: reusing {len(done)} of {len(order)} runs an interrupted gate measured "
-                     f"on this host ({record})")
-        measurements.extend(done)
-        for index, (repeat, name) in enumerate(order, start=1):
-            run_dir = options.output_dir / "validation" / name / f"repeat-{repeat + 1}"
-            run_dirs[name].append(run_dir)
-            if index <= len(done):
-                continue
-            hint = known_rps.get(name, known_rps[BASELINE])
-            outcome = self.runner.run(
-                candidates[name],
-                self.holdout_window,
-                run_dir,
-                **self._ladder_start(study, self.holdout_window, hint),
-            )
-            server_s += server_seconds(outcome)
-            evaluation = evaluate(outcome, self.objective, self.slos,
-                                  memory=self.memory_of(candidates[name]))
-            measurements.append(
-                Measurement(
-                    candidate=name,
-                    repeat=repeat,
-                    value=evaluation.score,
-                    slo_met=evaluation.slo_met,
-                    ok=evaluation.ok,
-                    failure=evaluation.failure,
-                    margins_ms=evaluation.margins_ms,
-                    host=host,
-                    kv_cache_gib=evaluation.kv_cache_gib,
-                    kv_cache_tokens=evaluation.kv_cache_tokens,
-                )
-            )
-            write_text_atomic(
-                record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
-            )
-            status = "SLOs met" if evaluation.slo_met else _slo_text(evaluation)
-            if evaluation.headroom is not None:
-                status = f"{evaluation.headroom:.2f}x the recorded rate" + (
-                    "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})"
-                )
-            if self.objective.kind == "min-memory":
-                status = memory_status(evaluation, self.objective)
-            self.say(
-                f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
-                f"{self.objective.format_score(evaluation.score)}, {status}"
-            )
-        searched = [m for m in measurements if m.candidate not in self.comparisons]
-        decision = self.decide(searched)
-        return ValidationResult(
-            measurements, decision, candidates, run_dirs, self.clock() - start, server_s
-        )
-
-
-def _baseline_placeholder(study: optuna.Study, tuning: TuningStudy) -> Measurement:
-    trial = tuning.baseline_trial(study)
-    score = float(trial.user_attrs.get("score", 0.0)) if trial is not None else 0.0
-    met = bool(trial.user_attrs.get("slo_met", False)) if trial is not None else False
-    return Measurement(candidate=BASELINE, repeat=0, value=score, slo_met=met)
-
-
-def memory_status(evaluation: Evaluation, objective: Objective) -> str:
-    """A min-memory run's line: SLOs at H, and the KV cache."""
-    at = f"at {objective.headroom:g}x the recorded rate"
-    text = f"SLOs met {at}" if evaluation.slo_met else f"{_slo_text(evaluation)} {at}"
-    kv = KVCacheSize(gib=evaluation.kv_cache_gib, tokens=evaluation.kv_cache_tokens)
-    if kv.gib is not None or kv.tokens is not None:
-        text += f", KV cache {kv.describe()}"
-    return text
-
-
-def _slo_text(evaluation: Evaluation) -> str:
-    if not evaluation.ok:
-        return f"failed ({evaluation.failure}: {evaluation.failure_detail})"
-    missed = [spec for spec, margin in evaluation.margins_ms.items() if margin is None or margin > 0]
-    return "missed " + ", ".join(missed) if missed else "SLOs met"
-
-
-def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
-    """One line: the overrides, the score, SLO status or the failure."""
-    overrides = trial.user_attrs.get("overrides") or {}
-    params = ", ".join(f"{k}={_fmt(v)}" for k, v in overrides.items()) or "baseline (no overrides)"
-    if trial.state == TrialState.PRUNED:
-        return f"pruned ({params})"
-    if trial.state == TrialState.FAIL:
-        return f"failed: {trial.user_attrs.get('failure_detail') or trial.user_attrs.get('interrupted')} ({params})"
-    failure = trial.user_attrs.get("failure")
-    if failure:
-        return f"{failure}: {trial.user_attrs.get('failure_detail')} ({params})"
-    score = trial.user_attrs.get("score", 0.0)
-    status = "SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed"
-    if objective.kind == "min-memory":
-        status = ("SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed") + f" at {objective.headroom:g}x the recorded rate"
-        kv = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"), tokens=trial.user_attrs.get("kv_cache_tokens"))
-        if kv.gib is not None or kv.tokens is not None:
-            status += f", KV cache {kv.describe()}"
-    elif trial.user_attrs.get("headroom") is not None:
-        status = f"{trial.user_attrs['headroom']:.2f}x the recorded rate"
-    if trial.user_attrs.get("move"):
-        params = f"first move {trial.user_attrs['move']}: {params}"
-    return f"{objective.format_score(score)}, {status} ({params})"
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float) and not math.isnan(value):
-        return f"{value:.3g}"
-    return str(value)
-

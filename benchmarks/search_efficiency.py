@@ -447,7 +447,7 @@ class VirtualClock:
 
 
 class TableRunner:
-    """Answers a trial with the measured outcome of its grid point (autotune.study.Runner).
+    """Answers a trial with the measured outcome of its grid point (autotune.gate_runner.Runner).
 
     A capacity outcome's ladder is also written to the trial folder as `ladder.json`, where the
     study reads the baseline's to choose its first moves (as TrialRunner writes it live)."""

@@ -15,8 +15,9 @@ from autotune.errors import AutotuneError
 from autotune.objective import default_slos, parse_objective
 from autotune.plan import DEFAULT_TRIALS
 from autotune.space import SearchSpace
-from autotune.study import StudyOptions, TuningStudy, engine_devices
+from autotune.study import StudyOptions, TuningStudy
 from autotune.trial import TrialOutcome, TrialTiming
+from autotune.trial_records import engine_devices
 from server.config import ServerConfig
 from workloads.replay import ReplaySummary
 from workloads.trace import Trace, TraceRequest

@@ -107,5 +107,5 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
     study.run_search()
     # Baseline 8192, then a quarter (2048) paid off, so one step further (1024), then 4096.
     assert runner.batched == [8192, 2048, 1024, 4096]
-    best = study.best_trials(study.study, 1)[0]
+    best = study.gate.best_trials(study.study, 1)[0]
     assert best.user_attrs["capacity_rps"] == 10.0

@@ -180,7 +180,7 @@ def test_stale_running_trial_is_failed_on_resume_and_not_counted(tmp_path: Path)
     killed.ask()
     reaped: list[Path] = []
     tuning = make_study(tmp_path, FakeRunner(), n_trials=3, resume=True)
-    tuning.reap = lambda path: reaped.append(path) or []
+    tuning.store.reap = lambda path: reaped.append(path) or []
     study = tuning.run_search()
     assert reaped == [tmp_path / "servers.json"]  # stale servers are looked for first
     stale = study.trials[2]

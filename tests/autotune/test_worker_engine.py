@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.launcher import reap_stale_servers
-from autotune.study import lost_worker
+from autotune.trial_records import lost_worker
 from server.config import ServerConfig, default_engine_settings
 
 ROOT = Path(__file__).resolve().parents[2]

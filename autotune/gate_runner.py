@@ -1,0 +1,263 @@
+"""The gate: the search's top K configs and the baseline re-measured on the held-out window,
+R times, interleaved (`validate`), and the rule that picks the winner (`decide`). Also the
+ranking both phases use (`best_trials`) and where a capacity ladder starts (`ladder_start`).
+
+A gate cut short (killed tuner, machine taken back) keeps its measured runs in
+validation/measurements.json; `autotune run --resume` goes on after them, on the same host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.gate import (
+    BASELINE,
+    GateDecision,
+    Measurement,
+    decide,
+    decide_min_memory,
+    round_robin,
+)
+from autotune.ladder import recorded_rate
+from autotune.objective import Objective, evaluate
+from autotune.study_store import StudyOptions
+from autotune.trial_records import (
+    feasible,
+    is_baseline,
+    memory_of,
+    memory_status,
+    server_seconds,
+    slo_text,
+    trial_config,
+    trial_label,
+)
+from server.config import ServerConfig
+from workloads.files import write_text_atomic
+from workloads.slo import SLO
+from workloads.trace import Trace
+
+
+class Runner(Protocol):
+    """What the study needs of `autotune.trial.TrialRunner` (tests pass a fake)."""
+
+    def run(
+        self,
+        config: ServerConfig,
+        window: Trace,
+        trial_dir: Path,
+        *,
+        should_prune: Callable[[float, Any], bool] | None = None,
+    ) -> Any: ...
+
+
+@dataclasses.dataclass
+class ValidationResult:
+    measurements: list[Measurement]
+    decision: GateDecision
+    candidates: dict[str, ServerConfig]  # label -> config ("baseline" included)
+    run_dirs: dict[str, list[Path]]  # label -> one folder per repeat
+    wall_s: float
+    server_s: float
+
+
+class GateRunner:
+    """Ranks a study's trials and validates the best of them against the baseline."""
+
+    def __init__(
+        self,
+        options: StudyOptions,
+        *,
+        objective: Objective,
+        slos: Sequence[SLO],
+        baseline: ServerConfig,
+        tuning_window: Trace,
+        holdout_window: Trace,
+        runner: Runner,
+        comparisons: dict[str, ServerConfig],
+        effective_defaults: dict[str, Any],
+        say: Callable[[str], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.options = options
+        self.objective = objective
+        self.slos = list(slos)
+        self.baseline = baseline
+        self.tuning_window = tuning_window
+        self.holdout_window = holdout_window
+        self.runner = runner
+        self.comparisons = comparisons
+        self.effective_defaults = effective_defaults
+        self.say = say
+        self.clock = clock
+
+    def best_trials(
+        self, study: optuna.Study, k: int, *, include_baseline: bool = False
+    ) -> list[FrozenTrial]:
+        """The top `k` feasible trials by objective score, one per distinct config."""
+        candidates = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if feasible(t) and (include_baseline or not is_baseline(t))
+        ]
+        if self.objective.kind == "pareto":
+            # Only Pareto-optimal configs go to the gate; ranked there by throughput.
+            front = {t.number for t in study.best_trials}
+            candidates = [t for t in candidates if t.number in front]
+        candidates.sort(key=lambda t: (self.objective.rank_key(t.user_attrs.get("score", 0.0)), t.number))
+        chosen: list[FrozenTrial] = []
+        seen: list[dict[str, Any]] = []
+        for trial in candidates:
+            overrides = trial.user_attrs.get("overrides", {})
+            if overrides in seen:
+                continue
+            seen.append(overrides)
+            chosen.append(trial)
+            if len(chosen) == k:
+                break
+        return chosen
+
+    def decide(self, measurements: Sequence[Measurement]) -> GateDecision:
+        """The gate's rule for this study's objective (autotune.gate)."""
+        if self.objective.kind == "min-memory":
+            return decide_min_memory(measurements, headroom=float(self.objective.headroom or 1.0))
+        return decide(measurements, seed=self.options.seed)
+
+    def baseline_trial(self, study: optuna.Study) -> FrozenTrial | None:
+        done = [t for t in study.get_trials(deepcopy=False) if is_baseline(t) and t.state.is_finished()]
+        return done[-1] if done else None
+
+    def estimated_gate_s(self, typical_trial_s: float) -> float:
+        runs = (self.options.top_k + 1) * self.options.repeats
+        per_run = typical_trial_s - self.tuning_window.duration_s() + self.holdout_window.duration_s()
+        return runs * max(per_run, 0.0)
+
+    def ladder_start(self, study: optuna.Study, window: Trace, rps: float | None) -> dict[str, Any]:
+        """Where a capacity ladder starts: at `rps` (this config's capacity measured before),
+        else at the best capacity of the study so far, as a speed-up of `window`; nothing
+        for the other objectives (their runners take no such keyword, or, min-memory, their
+        single step is always at the headroom)."""
+        if not self.objective.measures_capacity:
+            return {}
+        if rps is None:
+            best = self.best_trials(study, 1, include_baseline=True)
+            rps = best[0].user_attrs.get("capacity_rps") if best else None
+        recorded = recorded_rate(window)
+        if not rps or recorded <= 0:
+            return {"start_speedup": None}
+        return {"start_speedup": float(rps) / recorded}
+
+    @staticmethod
+    def _gate_done(record: Path, order: list[tuple[int, str]], host: str) -> list[Measurement]:
+        """The runs a gate cut short (killed tuner, machine taken back) already measured, in
+        this gate's order and on this host; --resume goes on after them. Runs measured on
+        another machine are not mixed in: the comparison must be on one machine."""
+        if not record.is_file():
+            return []
+        try:
+            stored = [Measurement.model_validate(m) for m in json.loads(record.read_text(encoding="utf-8"))]
+        except (ValueError, TypeError):
+            return []
+        done: list[Measurement] = []
+        for measurement, (repeat, name) in zip(stored, order, strict=False):
+            if (measurement.candidate, measurement.repeat) != (name, repeat) or measurement.host != host:
+                break
+            done.append(measurement)
+        return done
+
+    def validate(self, study: optuna.Study) -> ValidationResult:
+        """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
+        options = self.options
+        top = self.best_trials(study, options.top_k)
+        candidates: dict[str, ServerConfig] = {BASELINE: trial_config(self.baseline, {})}
+        for trial in top:
+            candidates[trial_label(trial.number)] = trial_config(self.baseline, trial.user_attrs.get("overrides", {}))
+        candidates.update(self.comparisons)
+        # Capacity ladders start where the search found each config's cliff (comparisons
+        # and a baseline without a search trial start at the baseline's).
+        baseline_trial = self.baseline_trial(study)
+        known_rps: dict[str, float | None] = {
+            BASELINE: baseline_trial.user_attrs.get("capacity_rps") if baseline_trial else None
+        }
+        for trial in top:
+            known_rps[trial_label(trial.number)] = trial.user_attrs.get("capacity_rps")
+        run_dirs: dict[str, list[Path]] = {name: [] for name in candidates}
+        measurements: list[Measurement] = []
+        start = self.clock()
+        server_s = 0.0
+        if not top:
+            self.say("gate: no feasible candidate from the search; keeping the baseline")
+            decision = self.decide([_baseline_placeholder(study, self)]).model_copy(
+                update={"reason": "no searched config ran and met every SLO, so none was validated"}
+            )
+            return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
+        order = round_robin(list(candidates), options.repeats)
+        record = options.output_dir / "validation" / "measurements.json"
+        host = socket.gethostname()
+        done = self._gate_done(record, order, host) if options.resume_gate else []
+        if done:
+            self.say(f"gate: reusing {len(done)} of {len(order)} runs an interrupted gate measured "
+                     f"on this host ({record})")
+        measurements.extend(done)
+        for index, (repeat, name) in enumerate(order, start=1):
+            run_dir = options.output_dir / "validation" / name / f"repeat-{repeat + 1}"
+            run_dirs[name].append(run_dir)
+            if index <= len(done):
+                continue
+            hint = known_rps.get(name, known_rps[BASELINE])
+            outcome = self.runner.run(
+                candidates[name],
+                self.holdout_window,
+                run_dir,
+                **self.ladder_start(study, self.holdout_window, hint),
+            )
+            server_s += server_seconds(outcome)
+            evaluation = evaluate(outcome, self.objective, self.slos,
+                                  memory=memory_of(candidates[name], self.effective_defaults))
+            measurements.append(
+                Measurement(
+                    candidate=name,
+                    repeat=repeat,
+                    value=evaluation.score,
+                    slo_met=evaluation.slo_met,
+                    ok=evaluation.ok,
+                    failure=evaluation.failure,
+                    margins_ms=evaluation.margins_ms,
+                    host=host,
+                    kv_cache_gib=evaluation.kv_cache_gib,
+                    kv_cache_tokens=evaluation.kv_cache_tokens,
+                )
+            )
+            write_text_atomic(
+                record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
+            )
+            status = "SLOs met" if evaluation.slo_met else slo_text(evaluation)
+            if evaluation.headroom is not None:
+                status = f"{evaluation.headroom:.2f}x the recorded rate" + (
+                    "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})"
+                )
+            if self.objective.kind == "min-memory":
+                status = memory_status(evaluation, self.objective)
+            self.say(
+                f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
+                f"{self.objective.format_score(evaluation.score)}, {status}"
+            )
+        searched = [m for m in measurements if m.candidate not in self.comparisons]
+        decision = self.decide(searched)
+        return ValidationResult(
+            measurements, decision, candidates, run_dirs, self.clock() - start, server_s
+        )
+
+
+def _baseline_placeholder(study: optuna.Study, gate: GateRunner) -> Measurement:
+    trial = gate.baseline_trial(study)
+    score = float(trial.user_attrs.get("score", 0.0)) if trial is not None else 0.0
+    met = bool(trial.user_attrs.get("slo_met", False)) if trial is not None else False
+    return Measurement(candidate=BASELINE, repeat=0, value=score, slo_met=met)

@@ -1,0 +1,373 @@
+"""The study's Optuna storage: opened or created once per run (`open`), joined by workers and
+finalize (`attach`), checked before use and repaired after a killed tuner.
+
+Choices, and why:
+- Sampler: TPE, multivariate (batch size, step budget and memory interact), `group=True`
+  (the baseline is enqueued with only the parameters its values can be represented by, so
+  trials do not all share one parameter set), seeded. TPE rather than NSGA-II also for the
+  Pareto objective: NSGA-II needs a population of tens of trials before it learns anything,
+  and a trial here costs a server start.
+- Several workers may share one study (`autotune worker`, `autotune.distributed`): with an
+  RDB storage that has a heartbeat, each measured trial records heartbeats, and a trial whose
+  worker stopped beating is failed and retried by Optuna's retry callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sqlite3
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.errors import AutotuneError
+from autotune.objective import Objective
+from autotune.space import SearchSpace
+from autotune.trial_records import lost_worker, trial_label
+from workloads.slo import SLO
+from workloads.trace import Trace
+
+
+@dataclasses.dataclass
+class StudyOptions:
+    study_name: str
+    output_dir: Path
+    # An Optuna RDB URL (default sqlite:///<output_dir>/study.db), or a storage object (the
+    # search benchmark replays studies in Optuna's in-memory storage).
+    storage: str | optuna.storages.BaseStorage | None = None
+    resume: bool = False
+    n_trials: int | None = 6  # total, the baseline included
+    time_budget_s: float | None = None  # for the search; the gate comes after
+    # Accelerator-seconds the search may spend holding engines (`--gpu-seconds`): each
+    # trial's wall time x the devices its config's engine holds (`engine_devices`).
+    gpu_seconds: float | None = None
+    seed: int = 0
+    top_k: int = 3
+    repeats: int = 3
+    prune: bool = True
+    # `autotune run --resume`: runs an interrupted gate measured on this host are kept
+    # (finalize --again and retune always measure the gate afresh).
+    resume_gate: bool = False
+
+    @property
+    def storage_url(self) -> str:
+        """The storage as text (messages, provenance)."""
+        if self.storage is None:
+            return f"sqlite:///{(self.output_dir / 'study.db').resolve()}"
+        if isinstance(self.storage, str):
+            return self.storage
+        return f"{type(self.storage).__name__} (this process only)"
+
+    @property
+    def registry_path(self) -> Path:
+        return self.output_dir / "servers.json"
+
+
+def check_writable(directory: Path) -> None:
+    """Fail before any trial when results could not be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise AutotuneError(
+            f"{directory}: cannot write results there ({error.strerror or error}); "
+            f"pass a writable --output-dir"
+        ) from None
+
+
+def check_sqlite_database(url: str) -> None:
+    """Refuse a damaged SQLite study file in one line before anything reads or writes it.
+
+    Unchecked, a damaged file fails at open with SQLAlchemy's several-line message, or (when the
+    damage is in pages read later) mid-study with a traceback. Other storages are not checked.
+    """
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return
+    path = Path(url[len(prefix) :].split("?", 1)[0])
+    if not path.is_file():
+        return
+    try:
+        uri = f"{path.resolve().as_uri()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            db.text_factory = bytes  # damaged text must not fail the check itself
+            rows = db.execute("PRAGMA quick_check").fetchall()
+            problems = [row[0].decode("utf-8", "replace") for row in rows]
+            if problems == ["ok"]:
+                problems = _damaged_json(db) or problems
+    except sqlite3.OperationalError as error:
+        if "locked" in str(error) or "busy" in str(error):
+            return  # in use by another process, not damaged; opening it will tell
+        problems = [str(error)]
+    except (sqlite3.Error, ValueError) as error:
+        problems = [str(error)]
+    if problems != ["ok"]:
+        raise AutotuneError(
+            f"study database {path} is damaged ({' '.join(problems[0].split())}); move it aside "
+            f"and start a new study (drop --resume), or pass another --output-dir / --storage"
+        )
+
+
+# Optuna's columns holding JSON: bytes overwritten inside them pass SQLite's page checks but
+# fail Optuna mid-study (a decode error deep in SQLAlchemy), so they are checked up front.
+_JSON_COLUMNS = (
+    ("trial_user_attributes", "value_json"),
+    ("trial_system_attributes", "value_json"),
+    ("study_user_attributes", "value_json"),
+    ("study_system_attributes", "value_json"),
+    ("trial_params", "distribution_json"),
+)
+
+
+def _damaged_json(db: sqlite3.Connection) -> list[str]:
+    """The first JSON value of the study's tables that does not decode, as a problem line."""
+    tables = {row[0].decode() for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for table, column in _JSON_COLUMNS:
+        if table not in tables:
+            continue
+        for rowid, raw in db.execute(f"SELECT rowid, {column} FROM {table}"):  # noqa: S608 - fixed names
+            if raw is None:
+                continue
+            try:
+                json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+            except (UnicodeDecodeError, ValueError):
+                return [f"{table}.{column} of row {rowid} is not valid JSON"]
+    return []
+
+
+def heartbeat_interval(storage: Any) -> int | None:
+    """The storage's heartbeat interval in seconds; None when it records no heartbeats."""
+    getter = getattr(storage, "get_heartbeat_interval", None)
+    return getter() if getter is not None else None
+
+
+class _Heartbeat:
+    """Records a trial's heartbeat every interval while it is measured, so other workers can
+    tell a dead worker's trial from a slow one (what `Study.optimize` does for its trials)."""
+
+    def __init__(self, storage: Any, trial_id: int, interval_s: float) -> None:
+        self.storage = storage
+        self.trial_id = trial_id
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):  # a missed beat is retried next interval
+                self.storage.record_heartbeat(self.trial_id)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self._thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
+class StudyStore:
+    """Opens, creates or joins the Optuna study of one set of options, with the sampler and
+    pruner the search runs under, and closes the trials nobody is running any more."""
+
+    def __init__(
+        self,
+        options: StudyOptions,
+        *,
+        objective: Objective,
+        slos: Sequence[SLO],
+        space: SearchSpace,
+        tuning_window: Trace,
+        baseline_source: str,
+        effective_defaults: dict[str, Any],
+        study_attrs: dict[str, Any],
+        reap: Callable[[Path], list[int]] | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.options = options
+        self.objective = objective
+        self.slos = list(slos)
+        self.space = space
+        self.tuning_window = tuning_window
+        self.baseline_source = baseline_source
+        self.effective_defaults = effective_defaults
+        self.study_attrs = study_attrs
+        self.reap = reap
+        self.say = say
+
+    def settings_fingerprint(self) -> dict[str, Any]:
+        """What must not change between a study and its --resume."""
+        return {
+            "objective": self.objective.spec(),
+            "slos": [slo.spec() for slo in self.slos],
+            "space": self.space.fingerprint(),
+        }
+
+    def open(self) -> optuna.Study:
+        """Create the study, or load it with --resume; end servers and close trials a killed
+        tuner left behind."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        options = self.options
+        url = options.storage_url
+        check_sqlite_database(url)
+        try:
+            # get_storage passes a storage object through and opens a URL.
+            storage = optuna.storages.get_storage(url if isinstance(options.storage, str | None) else options.storage)
+            existing = set(optuna.get_all_study_names(storage))
+        except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
+            # SQLAlchemy appends the SQL and a link on further lines: the first one says why.
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise AutotuneError(f"--storage {url!r}: cannot open it: {reason}") from None
+        exists = options.study_name in existing
+        if exists and not options.resume:
+            raise AutotuneError(
+                f"study {options.study_name!r} already exists in {url}; pass --resume to continue "
+                f"it or --study-name NEW for a fresh study"
+            )
+        if options.resume and not exists:
+            raise AutotuneError(
+                f"--resume: no study {options.study_name!r} in {url} (it has: "
+                f"{', '.join(sorted(existing)) or 'none'}); drop --resume to start it"
+            )
+        if options.resume and self.reap is not None:
+            ended = self.reap(options.registry_path)
+            if ended:
+                self.say(f"ended {len(ended)} server process(es) a previous run left behind: {ended}")
+        previous = 0
+        if exists:
+            previous = len(optuna.load_study(study_name=options.study_name, storage=storage).trials)
+        # On resume a fresh sampler seeded alike would re-propose the first run's random
+        # points; offsetting by the trials so far keeps runs reproducible and distinct.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=options.seed + previous,
+                multivariate=True,
+                group=True,
+                n_startup_trials=self._startup_trials(),
+            )
+        pruner = self._pruner()
+        if exists:
+            study = optuna.load_study(
+                study_name=options.study_name, storage=storage, sampler=sampler, pruner=pruner
+            )
+            self._check_same_settings(study)
+            self._close_stale(study)
+        else:
+            study = optuna.create_study(
+                study_name=options.study_name,
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                directions=self.objective.directions,
+            )
+            study.set_user_attr("settings", self.settings_fingerprint())
+            study.set_user_attr("baseline_source", self.baseline_source)
+            study.set_user_attr("effective_defaults", self.effective_defaults)
+            for key, value in self.study_attrs.items():
+                study.set_user_attr(key, value)
+        return study
+
+    def attach(self, storage: optuna.storages.BaseStorage, *, seed: int | None = None) -> optuna.Study:
+        """Join a study another process created (a worker, or finalize): load it, never
+        create it, never close trials that other workers are running (heartbeats do that).
+
+        `seed` should differ per worker: two workers seeded alike would propose the same
+        configs. TPE's constant liar keeps a worker away from configs others are measuring.
+        """
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=self.options.seed if seed is None else seed,
+                multivariate=True,
+                group=True,
+                constant_liar=True,
+                n_startup_trials=self._startup_trials(),
+            )
+        try:
+            study = optuna.load_study(
+                study_name=self.options.study_name, storage=storage, sampler=sampler, pruner=self._pruner()
+            )
+        except KeyError:
+            raise AutotuneError(
+                f"no study {self.options.study_name!r} in {self.options.storage_url}; create it with "
+                f"`autotune run --workers-only --storage URL --study-name NAME ...`"
+            ) from None
+        return study
+
+    def _startup_trials(self) -> int:
+        # Optuna's default of 10 random trials would make a 6-trial study pure random search.
+        n = self.options.n_trials
+        return 10 if n is None else max(3, min(10, n // 3))
+
+    def _pruner(self) -> optuna.pruners.BasePruner:
+        if not self.options.prune or self.objective.kind == "pareto" or self.objective.uses_ladder:
+            # Optuna cannot prune multi-objective trials; a ladder abandons its own failing
+            # steps and has no goodput-so-far to compare.
+            return optuna.pruners.NopPruner()
+        # Compare goodput-so-far only past 40% of the window: early seconds say little.
+        warmup = int(0.4 * self.tuning_window.duration_s())
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup)
+
+    def _check_same_settings(self, study: optuna.Study) -> None:
+        stored = study.user_attrs.get("settings")
+        current = self.settings_fingerprint()
+        if stored is None:
+            return
+        for key in ("objective", "slos", "space"):
+            if stored.get(key) != current[key]:
+                raise AutotuneError(
+                    f"--resume: study {study.study_name!r} was created with {key} "
+                    f"{json.dumps(stored.get(key))}, this run asks for {json.dumps(current[key])}; "
+                    f"use the same options or a new --study-name"
+                )
+
+    def _close_stale(self, study: optuna.Study) -> None:
+        """RUNNING trials in a study nobody is running belong to a killed tuner: FAIL them."""
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            study._storage.set_trial_user_attr(
+                trial._trial_id, "interrupted", "the tuner stopped during this trial"
+            )
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            self.say(f"{trial_label(trial.number)}: was running when the tuner stopped; marked failed")
+
+    @staticmethod
+    def poll_s(study: optuna.Study) -> float:
+        return float(heartbeat_interval(study._storage) or 5)
+
+    def fail_stale(self, study: optuna.Study) -> None:
+        """Fail trials whose worker stopped heartbeating; the storage's callback retries them."""
+        if heartbeat_interval(study._storage) is None:
+            return
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if trial.number in before and lost_worker(trial):
+                where = trial.user_attrs.get("worker") or trial.user_attrs.get("host") or "its worker"
+                self.say(f"{trial_label(trial.number)}: {where} stopped heartbeating; failed it, "
+                         f"queued a retry")
+
+    @staticmethod
+    def heartbeat(study: optuna.Study, trial: optuna.Trial) -> contextlib.AbstractContextManager[None] | None:
+        """Beats for `trial` while the context is open (a first beat now); None when the
+        storage records no heartbeats."""
+        interval = heartbeat_interval(study._storage)
+        if interval is None:
+            return None
+        study._storage.record_heartbeat(trial._trial_id)
+        return _Heartbeat(study._storage, trial._trial_id, interval).running()

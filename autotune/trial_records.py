@@ -1,0 +1,159 @@
+"""A trial as the study stores it: its label, the user attributes the tuner writes on it and
+reads back (baseline, failure, interrupted, score, overrides, ...), the config it ran, what it
+cost, and the one line that describes it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from autotune.kv_cache import KVCacheSize
+from autotune.objective import MEMORY_KNOB, Evaluation, Objective
+from server.config import ServerConfig
+
+
+def trial_label(number: int) -> str:
+    return f"trial-{number:04d}"
+
+
+def is_baseline(trial: FrozenTrial) -> bool:
+    return bool(trial.user_attrs.get("baseline"))
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return trial.state == TrialState.COMPLETE and all(v <= 0 for v in trial.constraints.values())
+
+
+def lost_worker(trial: FrozenTrial) -> bool:
+    """A trial failed from outside: its worker stopped heartbeating (killed, host lost).
+
+    Every failure the tuner records itself sets `failure` or `interrupted` before telling;
+    Optuna's stale-trial check sets only the state.
+    """
+    return (
+        trial.state == TrialState.FAIL
+        and not trial.user_attrs.get("failure")
+        and not trial.user_attrs.get("interrupted")
+    )
+
+
+def counts_toward_budget(trial: FrozenTrial) -> bool:
+    """Finished trials, minus those a Ctrl-C, a killed tuner or a lost worker cut short."""
+    return (
+        trial.state.is_finished()
+        and not trial.user_attrs.get("interrupted")
+        and not lost_worker(trial)
+    )
+
+
+def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, server_s: float) -> None:
+    """Store a scored trial's constraints and results (told COMPLETE next)."""
+    for name, value in evaluation.constraints.items():
+        trial.set_constraint(name, value)
+    trial.set_user_attr("score", evaluation.score)
+    if evaluation.capacity_rps is not None:
+        trial.set_user_attr("capacity_rps", evaluation.capacity_rps)
+        trial.set_user_attr("headroom", evaluation.headroom)
+    if evaluation.memory is not None:
+        trial.set_user_attr("memory", evaluation.memory)
+        trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)
+        trial.set_user_attr("kv_cache_tokens", evaluation.kv_cache_tokens)
+    trial.set_user_attr("slo_met", evaluation.slo_met)
+    trial.set_user_attr("measured_ms", evaluation.measured_ms)
+    trial.set_user_attr("margins_ms", evaluation.margins_ms)
+    record_failure(trial, evaluation.failure, evaluation.failure_detail, wall_s=wall_s, server_s=server_s)
+
+
+def record_failure(
+    trial: Trial, failure: str | None, detail: str | None, *, wall_s: float, server_s: float
+) -> None:
+    """Store why a trial failed (None: it did not) and what it cost."""
+    trial.set_user_attr("failure", failure)
+    trial.set_user_attr("failure_detail", detail)
+    trial.set_user_attr("wall_s", wall_s)
+    trial.set_user_attr("server_s", server_s)
+
+
+def server_seconds(outcome: Any) -> float:
+    """Seconds a server process existed for this trial (engine start to teardown)."""
+    timing = getattr(outcome, "timing", None)
+    if timing is None:
+        return 0.0
+    return float(timing.ready_s + timing.warmup_s + timing.measure_s + timing.teardown_s)
+
+
+def engine_devices(engine: dict[str, Any]) -> int:
+    """Accelerators one engine of this config holds: tensor x pipeline x data parallel size
+    (1 unless the config sets them; on CPU, the engine's wall time is what is counted)."""
+    devices = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        devices *= max(1, int(engine.get(key) or 1))
+    return devices
+
+
+def explicit_engine(config: ServerConfig) -> dict[str, Any]:
+    """The engine settings `config` sets (the rest are vLLM's defaults)."""
+    return {k: v for k, v in config.engine.items() if v is not None}
+
+
+def trial_config(baseline: ServerConfig, params: dict[str, Any]) -> ServerConfig:
+    """The baseline with `params` on top, in benchmark mode (exact output lengths)."""
+    engine = {**baseline.engine, **params}
+    serving = baseline.serving.model_copy(update={"benchmark_mode": True})
+    return baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
+
+
+def memory_of(config: ServerConfig, effective_defaults: dict[str, Any]) -> float | None:
+    """The gpu_memory_utilization `config` runs with (vLLM's default when it sets none)."""
+    value = {**effective_defaults, **explicit_engine(config)}.get(MEMORY_KNOB)
+    return None if value is None else float(value)
+
+
+def memory_status(evaluation: Evaluation, objective: Objective) -> str:
+    """A min-memory run's line: SLOs at H, and the KV cache."""
+    at = f"at {objective.headroom:g}x the recorded rate"
+    text = f"SLOs met {at}" if evaluation.slo_met else f"{slo_text(evaluation)} {at}"
+    kv = KVCacheSize(gib=evaluation.kv_cache_gib, tokens=evaluation.kv_cache_tokens)
+    if kv.gib is not None or kv.tokens is not None:
+        text += f", KV cache {kv.describe()}"
+    return text
+
+
+def slo_text(evaluation: Evaluation) -> str:
+    if not evaluation.ok:
+        return f"failed ({evaluation.failure}: {evaluation.failure_detail})"
+    missed = [spec for spec, margin in evaluation.margins_ms.items() if margin is None or margin > 0]
+    return "missed " + ", ".join(missed) if missed else "SLOs met"
+
+
+def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
+    """One line: the overrides, the score, SLO status or the failure."""
+    overrides = trial.user_attrs.get("overrides") or {}
+    params = ", ".join(f"{k}={_fmt(v)}" for k, v in overrides.items()) or "baseline (no overrides)"
+    if trial.state == TrialState.PRUNED:
+        return f"pruned ({params})"
+    if trial.state == TrialState.FAIL:
+        return f"failed: {trial.user_attrs.get('failure_detail') or trial.user_attrs.get('interrupted')} ({params})"
+    failure = trial.user_attrs.get("failure")
+    if failure:
+        return f"{failure}: {trial.user_attrs.get('failure_detail')} ({params})"
+    score = trial.user_attrs.get("score", 0.0)
+    status = "SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed"
+    if objective.kind == "min-memory":
+        status = ("SLOs met" if trial.user_attrs.get("slo_met") else "SLO missed") + f" at {objective.headroom:g}x the recorded rate"
+        kv = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"), tokens=trial.user_attrs.get("kv_cache_tokens"))
+        if kv.gib is not None or kv.tokens is not None:
+            status += f", KV cache {kv.describe()}"
+    elif trial.user_attrs.get("headroom") is not None:
+        status = f"{trial.user_attrs['headroom']:.2f}x the recorded rate"
+    if trial.user_attrs.get("move"):
+        params = f"first move {trial.user_attrs['move']}: {params}"
+    return f"{objective.format_score(score)}, {status} ({params})"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and not math.isnan(value):
+        return f"{value:.3g}"
+    return str(value)
