@@ -232,6 +232,7 @@ class TrialRunner:
         trial_dir = Path(trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
         trial = _Trial(trial_dir, self.server.describe())
+        interrupted = False
         try:
             try:
                 config.write(trial_dir / "config.yaml")
@@ -242,9 +243,15 @@ class TrialRunner:
                     asyncio.run(self._measure(trial, window, should_prune))
             except _Failed as failed:
                 trial.fail(failed.kind, failed.detail)
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
             finally:
                 if trial.server is not None:
-                    trial.teardown = trial.server.stop()
+                    # On the user's stop the group still goes, but nobody waits for memory
+                    # readings: only a next trial's start needs the memory back.
+                    trial.teardown = (trial.server.stop(memory_wait_s=0.0) if interrupted
+                                      else trial.server.stop())
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
             trial.fail("interrupted", f"interrupted ({stop_reason(stop)}); the server was stopped")
             self._write(trial)
