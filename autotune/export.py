@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.gate import GateDecision
+from autotune.kv_cache import kv_cache_note
 from autotune.objective import Objective
 from autotune.servers import TrialServer
 from server.config import ServerConfig
@@ -174,11 +175,8 @@ def _memory_lines(memory: dict[str, Any] | None) -> list[str]:
         return []
     who = "winner" if memory.get("winner_gpu_memory_utilization") is not None else "baseline"
     met = "meets" if who == "winner" or memory.get("baseline_meets_slos") else "misses"
-    kv = [f"{memory[f'{who}_kv_cache_gib']:.3g} GiB" if memory.get(f"{who}_kv_cache_gib") is not None else "",
-          f"{memory[f'{who}_kv_cache_tokens']:,} tokens" if memory.get(f"{who}_kv_cache_tokens") is not None else ""]
-    kv_text = ", ".join(part for part in kv if part)
     return [f"memory: gpu_memory_utilization {memory[f'{who}_gpu_memory_utilization']:g}"
-            + (f" (KV cache {kv_text})" if kv_text else "")
+            + kv_cache_note(memory, who)
             + f" {met} every SLO at {memory['headroom']:g}x the recorded rate"
             + (f"; the baseline's was {memory['baseline_gpu_memory_utilization']:g}" if who == "winner" else "")]
 

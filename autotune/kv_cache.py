@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -42,6 +43,13 @@ class KVCacheSize(BaseModel):
         if self.tokens is not None:
             parts.append(f"{self.tokens:,} tokens")
         return ", ".join(parts) or "unknown"
+
+
+def kv_cache_note(figures: dict[str, Any], who: str) -> str:
+    """' (KV cache 1.2 GiB, 9,800 tokens)' from provenance-style figures (`{who}_kv_cache_gib`,
+    `{who}_kv_cache_tokens`), or '' when neither is known."""
+    size = KVCacheSize(gib=figures.get(f"{who}_kv_cache_gib"), tokens=figures.get(f"{who}_kv_cache_tokens"))
+    return f" (KV cache {size.describe()})" if size.gib is not None or size.tokens is not None else ""
 
 
 def parse_kv_cache(text: str) -> KVCacheSize | None:

@@ -257,8 +257,6 @@ class LoadLadder:
         speedup = min(max(settings.start_speedup, settings.min_speedup), settings.max_speedup)
         for _ in range(settings.max_steps):
             await self.step(window, speedup)
-            if settings.single_step:
-                break
             following = self.next_speedup()
             if following is None:
                 break

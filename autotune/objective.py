@@ -69,7 +69,7 @@ class Objective(BaseModel):
     def directions(self) -> list[str]:
         if self.kind == "pareto":
             return ["maximize", "minimize"]
-        return ["minimize"] if self.kind == "min-memory" else ["maximize"]
+        return ["minimize"] if self.minimize else ["maximize"]
 
     @property
     def minimize(self) -> bool:

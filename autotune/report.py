@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.export import preflight_lines, trial_server_lines
 from autotune.gate import BASELINE, GateDecision, Measurement, candidate_stats
-from autotune.kv_cache import KVCacheSize
+from autotune.kv_cache import KVCacheSize, kv_cache_note
 from autotune.ladder import CapacityResult
 from autotune.objective import Objective
 from autotune.progress import format_duration
@@ -288,12 +288,6 @@ def kept_summary(objective: Objective, *, capital: bool = False) -> str:
     return text[0].upper() + text[1:] if capital else text
 
 
-def _kv(figures: dict[str, Any], who: str) -> str:
-    gib, tokens = figures.get(f"{who}_kv_cache_gib"), figures.get(f"{who}_kv_cache_tokens")
-    parts = ([f"{gib:.3g} GiB"] if gib is not None else []) + ([f"{tokens:,} tokens"] if tokens is not None else [])
-    return f" (KV cache {', '.join(parts)})" if parts else ""
-
-
 def memory_line(memory: dict[str, Any], kept_baseline: bool) -> str:
     """The first line of a min-memory report: the memory the exported config needs to meet
     every SLO at H x the user's traffic, against the baseline's."""
@@ -303,13 +297,13 @@ def memory_line(memory: dict[str, Any], kept_baseline: bool) -> str:
     if not kept_baseline and memory.get("winner_gpu_memory_utilization") is not None:
         missed = "" if memory.get("baseline_meets_slos") else ", which misses an SLO there"
         return (f"**Memory: the exported config meets every SLO {at} with gpu_memory_utilization "
-                f"{memory['winner_gpu_memory_utilization']:g}{_kv(memory, 'winner')} vs the "
+                f"{memory['winner_gpu_memory_utilization']:g}{kv_cache_note(memory, 'winner')} vs the "
                 f"baseline's {base:g}{missed}**{where}")
     if memory.get("baseline_meets_slos"):
         return (f"**Memory: the baseline meets every SLO {at} with gpu_memory_utilization "
-                f"{base:g}{_kv(memory, 'baseline')}; no config with less memory did in every "
+                f"{base:g}{kv_cache_note(memory, 'baseline')}; no config with less memory did in every "
                 f"repeat**{where}")
-    return (f"**Memory: the baseline, gpu_memory_utilization {base:g}{_kv(memory, 'baseline')}, "
+    return (f"**Memory: the baseline, gpu_memory_utilization {base:g}{kv_cache_note(memory, 'baseline')}, "
             f"misses an SLO {at}, and no searched config met them all in every repeat**{where}")
 
 
