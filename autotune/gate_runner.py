@@ -3,7 +3,8 @@ R times, interleaved (`validate`), and the rule that picks the winner (`decide`)
 ranking both phases use (`best_trials`) and where a capacity ladder starts (`ladder_start`).
 
 A gate cut short (killed tuner, machine taken back) keeps its measured runs in
-validation/measurements.json; `autotune run --resume` goes on after them, on the same host.
+validation/measurements.json; `autotune run --resume` goes on after them (whole rounds only
+from another machine: `_gate_done`).
 """
 
 from __future__ import annotations
@@ -157,19 +158,29 @@ class GateRunner:
     @staticmethod
     def _gate_done(record: Path, order: list[tuple[int, str]], host: str) -> list[Measurement]:
         """The runs a gate cut short (killed tuner, machine taken back) already measured, in
-        this gate's order and on this host; --resume goes on after them. Runs measured on
-        another machine are not mixed in: the comparison must be on one machine."""
+        this gate's order; --resume goes on after them. Every round (each config once) must be
+        measured on one machine, so that a round's configs are compared on equal terms: whole
+        rounds another machine measured are kept, and a part-measured round only if it was
+        this machine (else it is measured again, wholly here)."""
         if not record.is_file():
             return []
         try:
             stored = [Measurement.model_validate(m) for m in json.loads(record.read_text(encoding="utf-8"))]
         except (ValueError, TypeError):
             return []
-        done: list[Measurement] = []
+        matching: list[Measurement] = []
         for measurement, (repeat, name) in zip(stored, order, strict=False):
-            if (measurement.candidate, measurement.repeat) != (name, repeat) or measurement.host != host:
+            if (measurement.candidate, measurement.repeat) != (name, repeat):
                 break
-            done.append(measurement)
+            matching.append(measurement)
+        per_round = len(order) // max(1, max((repeat for repeat, _ in order), default=0) + 1)
+        done: list[Measurement] = []
+        for start in range(0, len(matching), per_round):
+            round_runs = matching[start:start + per_round]
+            hosts = {m.host for m in round_runs}
+            if len(hosts) != 1 or (len(round_runs) < per_round and hosts != {host}):
+                break
+            done.extend(round_runs)
         return done
 
     def validate(self, study: optuna.Study) -> ValidationResult:
@@ -200,11 +211,11 @@ class GateRunner:
             return ValidationResult([], decision, candidates, run_dirs, 0.0, 0.0)
         order = round_robin(list(candidates), options.repeats)
         record = options.output_dir / "validation" / "measurements.json"
-        host = socket.gethostname()
+        host = machine_identity()
         done = self._gate_done(record, order, host) if options.resume_gate else []
         if done:
             self.say(f"gate: reusing {len(done)} of {len(order)} runs an interrupted gate measured "
-                     f"on this host ({record})")
+                     f"({record})")
         measurements.extend(done)
         for index, (repeat, name) in enumerate(order, start=1):
             run_dir = options.output_dir / "validation" / name / f"repeat-{repeat + 1}"
@@ -254,6 +265,16 @@ class GateRunner:
         return ValidationResult(
             measurements, decision, candidates, run_dirs, self.clock() - start, server_s
         )
+
+
+def machine_identity() -> str:
+    """Which machine measured a gate run: the host name and this boot of it. Lent machines
+    may all be called the same (`vm`), so the name alone would mix two machines' runs."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()[:8]
+    except OSError:  # not Linux
+        return socket.gethostname()
+    return f"{socket.gethostname()}/{boot}"
 
 
 def _baseline_placeholder(study: optuna.Study, gate: GateRunner) -> Measurement:

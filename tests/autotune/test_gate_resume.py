@@ -66,7 +66,8 @@ def test_resumed_gate_measures_only_what_the_interrupted_one_did_not(tmp_path: P
     result = second.validate()
     assert len(runner.calls) == 6 - 3  # 2 configs x 3 repeats, 3 already measured
     assert len(result.measurements) == 6
-    # Measured elsewhere (another host) is not mixed in: everything again.
+    # Measured elsewhere (another machine, e.g. a lent GPU host that went back): round 1 is
+    # whole and kept; the part of round 2 is not mixed in, that round is measured again here.
     for m in kept:
         m["host"] = "another-machine"
     (tmp_path / "validation" / "measurements.json").write_text(json.dumps(kept[:3]))
@@ -74,4 +75,26 @@ def test_resumed_gate_measures_only_what_the_interrupted_one_did_not(tmp_path: P
     third = study(tmp_path, again, resume=True)
     third.run_search()
     third.validate()
-    assert len(again.calls) == 6
+    assert len(again.calls) == 6 - 2
+
+
+def test_whole_rounds_from_another_machine_are_kept_and_the_rest_is_measured_here(tmp_path: Path) -> None:
+    first = study(tmp_path, Runner(stop_at=3 + 6), resume=False)  # stopped in round 3's 2nd run
+    first.run_search()
+    with pytest.raises(KeyboardInterrupt):
+        first.validate()
+    record = tmp_path / "validation" / "measurements.json"
+    kept = json.loads(record.read_text())
+    assert [m["repeat"] for m in kept] == [0, 0, 1, 1, 2]
+    for m in kept:
+        m["host"] = "the-machine-that-went-back"
+    record.write_text(json.dumps(kept))
+    runner = Runner()
+    resumed = study(tmp_path, runner, resume=True)
+    resumed.run_search()
+    result = resumed.validate()
+    assert len(runner.calls) == 2  # round 3 again, wholly on this machine
+    assert len(result.measurements) == 6
+    hosts = [m["host"] for m in json.loads(record.read_text())]
+    assert hosts[:4] == ["the-machine-that-went-back"] * 4
+    assert len(set(hosts[4:])) == 1 and hosts[4] != hosts[0]
