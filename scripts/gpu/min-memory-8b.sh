@@ -3,7 +3,7 @@
 # the Llama-3.1-8B shape (dummy weights) still meets TTFT p95 500 ms and TPOT p95 50 ms on the
 # Azure 2023 conversation trace at 1.5x its recorded rate (--objective min-memory --headroom
 # 1.5: one load step per launch), for several models sharing one GPU. Baseline: vLLM's defaults
-# at the reference user's 0.3 share; the hand-tuned config (16 / 8192 / 0.3) beside it.
+# at the reference user's 0.3 share; the hand-tuned config (16 / 8192 / 0.3) beside it (COMPARE= leaves it out).
 # Background (setsid) and restartable like shared-8b.sh (add --resume).
 # Usage: min-memory-8b.sh KIT_DIR RUN_DIR [extra autotune run flags, e.g. --resume]
 set -euo pipefail
@@ -14,7 +14,7 @@ mkdir -p "$run"
 cmd=(python3 -m autotune run --workload "$run/traffic.jsonl" --over-context drop
   --model "$kit/models/llama3.1-8b-shape" --load-format dummy --max-model-len 8192
   --baseline scripts/gpu/baseline-shared.yaml --space scripts/gpu/space-8b-shared.yaml
-  --compare scripts/gpu/handtuned.yaml
+  ${COMPARE---compare scripts/gpu/handtuned.yaml}
   --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 --objective min-memory --headroom ${HEADROOM:-1.5}
   --step-requests ${STEP_REQUESTS:-200}
   --trials ${TRIALS:-5} --tuning-window 60 --holdout-window 60 --top-k 1 --repeats ${REPEATS:-3}
