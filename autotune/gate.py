@@ -43,7 +43,12 @@ class Measurement(BaseModel):
     ok: bool = True
     failure: str | None = None
     margins_ms: dict[str, float | None] = {}  # SLO spec -> measured - threshold (report)
-    host: str | None = None  # where it was measured: a resumed gate reuses only its own host's
+    host: str | None = None  # which machine measured it (gate_runner.machine_identity)
+    # The run's wall time and server time, so a resumed gate's totals include reused runs.
+    wall_s: float | None = None
+    server_s: float | None = None
+    # Capacity: the carried rate over the recorded one (below 1: it cannot carry the traffic).
+    headroom: float | None = None
     kv_cache_gib: float | None = None  # min-memory: the KV cache vLLM logged at start
     kv_cache_tokens: int | None = None
 
@@ -114,6 +119,9 @@ def candidate_stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
     missed = [run for run in runs if run.ok and not run.slo_met]
     if failed:
         why_not = f"run {failed[0].repeat + 1} failed ({failed[0].failure or 'error'})"
+    elif missed and missed[0].headroom is not None and missed[0].headroom < 1.0:
+        why_not = (f"carried {missed[0].headroom:.2f}x the recorded traffic in repeat "
+                   f"{missed[0].repeat + 1}: every SLO held only below the recorded rate")
     elif missed:
         why_not = f"missed an SLO in repeat {missed[0].repeat + 1}"
     return CandidateStats(

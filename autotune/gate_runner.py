@@ -202,7 +202,6 @@ class GateRunner:
         run_dirs: dict[str, list[Path]] = {name: [] for name in candidates}
         measurements: list[Measurement] = []
         start = self.clock()
-        server_s = 0.0
         if not top:
             self.say("gate: no feasible candidate from the search; keeping the baseline")
             decision = self.decide([_baseline_placeholder(study, self)]).model_copy(
@@ -223,13 +222,13 @@ class GateRunner:
             if index <= len(done):
                 continue
             hint = known_rps.get(name, known_rps[BASELINE])
+            run_start = self.clock()
             outcome = self.runner.run(
                 candidates[name],
                 self.holdout_window,
                 run_dir,
                 **self.ladder_start(study, self.holdout_window, hint),
             )
-            server_s += server_seconds(outcome)
             evaluation = evaluate(outcome, self.objective, self.slos,
                                   memory=memory_of(candidates[name], self.effective_defaults))
             measurements.append(
@@ -242,6 +241,9 @@ class GateRunner:
                     failure=evaluation.failure,
                     margins_ms=evaluation.margins_ms,
                     host=host,
+                    wall_s=round(self.clock() - run_start, 1),
+                    server_s=round(server_seconds(outcome), 1),
+                    headroom=evaluation.headroom,
                     kv_cache_gib=evaluation.kv_cache_gib,
                     kv_cache_tokens=evaluation.kv_cache_tokens,
                 )
@@ -263,7 +265,10 @@ class GateRunner:
         searched = [m for m in measurements if m.candidate not in self.comparisons]
         decision = self.decide(searched)
         return ValidationResult(
-            measurements, decision, candidates, run_dirs, self.clock() - start, server_s
+            measurements, decision, candidates, run_dirs,
+            # Reused runs (a resumed gate) count with the time they took when measured.
+            (self.clock() - start) + sum(m.wall_s or 0.0 for m in done),
+            sum(m.server_s or 0.0 for m in measurements)
         )
 
 

@@ -155,6 +155,9 @@ class TuningStudy:
         study = self.study or self.open()
         options = self.options
         start = self.clock()
+        # A resumed study's search time includes the trials earlier processes measured.
+        earlier_s = sum(float(t.user_attrs.get("wall_s") or 0.0)
+                        for t in study.get_trials(deepcopy=False) if t.state.is_finished())
         if not self.shared:
             # A shared study was created with its baseline queued; a lost baseline is retried.
             self.enqueue_baseline(study)
@@ -207,7 +210,7 @@ class TuningStudy:
             durations.append(self.clock() - trial_start)
             device_costs.append(self.device_seconds(frozen))
             self.say(self._progress(study, frozen, start, durations, device_costs))
-        self.search_wall_s = self.clock() - start
+        self.search_wall_s = (self.clock() - start) + earlier_s
         return study
 
     def device_seconds(self, trial: FrozenTrial) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.gate import BASELINE, Measurement, bootstrap_median_diff, decide, round_robin
+from autotune.gate import BASELINE, Measurement, bootstrap_median_diff, candidate_stats, decide, round_robin
 
 
 def series(name: str, values: list[float], *, slo_met: list[bool] | None = None) -> list[Measurement]:
@@ -70,3 +70,13 @@ def test_round_robin_runs_everyone_each_repeat_and_rotates_the_first() -> None:
     repeats = [[name for r, name in order if r == k] for k in range(3)]
     assert all(sorted(rep) == ["a", "b", "baseline"] for rep in repeats)
     assert [rep[0] for rep in repeats] == ["baseline", "a", "b"]
+
+
+def test_a_config_that_carries_less_than_the_recorded_traffic_says_so_not_missed_an_slo() -> None:
+    # The H100 small-model run: the hand-tuned 16 sequences met every SLO only at 0.10x.
+    runs = [Measurement(candidate="compare-handtuned", repeat=r, value=22.7, slo_met=False,
+                        headroom=0.10) for r in range(3)]
+    stats = candidate_stats("compare-handtuned", runs)
+    assert not stats.eligible
+    assert stats.why_not == ("carried 0.10x the recorded traffic in repeat 1: every SLO held "
+                             "only below the recorded rate")

@@ -88,13 +88,18 @@ def test_whole_rounds_from_another_machine_are_kept_and_the_rest_is_measured_her
     assert [m["repeat"] for m in kept] == [0, 0, 1, 1, 2]
     for m in kept:
         m["host"] = "the-machine-that-went-back"
+        m["wall_s"], m["server_s"] = 100.0, 90.0  # as if each run took 100 s there
     record.write_text(json.dumps(kept))
     runner = Runner()
     resumed = study(tmp_path, runner, resume=True)
     resumed.run_search()
+    searched_s = sum(t.user_attrs["wall_s"] for t in resumed.study.trials)
+    assert resumed.search_wall_s >= searched_s  # the first process's trials count
     result = resumed.validate()
     assert len(runner.calls) == 2  # round 3 again, wholly on this machine
     assert len(result.measurements) == 6
+    # The reused runs count in the gate's time with what they took when measured.
+    assert result.wall_s >= 4 * 100.0 and result.server_s >= 4 * 90.0
     hosts = [m["host"] for m in json.loads(record.read_text())]
     assert hosts[:4] == ["the-machine-that-went-back"] * 4
     assert len(set(hosts[4:])) == 1 and hosts[4] != hosts[0]
