@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from autotune.gate import BASELINE, Measurement, bootstrap_median_diff, candidate_stats, decide, round_robin
+from autotune.gate import (
+    BASELINE,
+    Measurement,
+    bootstrap_median_diff,
+    candidate_stats,
+    decide,
+    round_robin,
+)
 
 
 def series(name: str, values: list[float], *, slo_met: list[bool] | None = None) -> list[Measurement]:
