@@ -384,8 +384,10 @@ class LoadLadder:
         self.results.append(result)
         verdict = "pass" if passed else ("abandoned" if step.abandoned else "fail")
         self.say(
-            f"  step {index + 1}: x{speedup:.3g} = {step.offered_rps:.3g} req/s, "
-            f"{planned} requests, {seconds:.0f} s: {verdict} ({reason})"
+            # The step's own rate differs from x speed-up times the window's mean rate: its
+            # requests are a stretch of the window, quieter or burstier than the whole.
+            f"  step {index + 1}: x{speedup:.3g} the recorded arrivals ({planned} requests, "
+            f"{step.offered_rps:.3g} req/s in this stretch), {seconds:.0f} s: {verdict} ({reason})"
         )
         return step
 
