@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Scenario 3 of the GPU headline (small model, high rate): the Qwen2-1.5B shape (dummy weights)
-# on translation-length traffic generated at 200 req/s with bursts (172.6 req/s mean over 300
+# on translation-length traffic generated at 200 req/s with bursts (200.4 req/s mean over 300
 # s, seeded), SLOs TTFT p95 500 ms and TPOT p95 50 ms, objective capacity. Our own server's
 # single front-end process cannot offer this rate (results/h100-2026-11-23: goodput 85 req/s
 # at 105), so each trial runs stock `vllm serve --api-server-count ${API_SERVERS:-4}`
