@@ -7,7 +7,8 @@
 # Usage: kit-parts.sh KIT_DIR STAGE_DIR   (KIT_DIR: what ../shared/gpu/build_wheelhouse.sh made)
 # Then per call: rm -rf .kit && cp -rl STAGE_DIR/NN .kit ; carry [".kit"] ; on the device
 # `mkdir -p /root/kit && cp -r .kit/* /root/kit/`; in the last call also
-# `bash /root/kit/install_wheelhouse.sh /root/kit /root/site`.
+# `bash /root/kit/install_wheelhouse.sh /root/kit /root/site` and
+# `python3 -m pip install --no-deps -q --target /root/site /root/kit/extra-wheels/*.whl`.
 set -euo pipefail
 kit=${1:?kit dir}; stage=${2:?stage dir}
 parts_dir=$kit/parts; [ -d "$parts_dir" ] || parts_dir=$kit
@@ -28,4 +29,7 @@ done
 mv "$stage/split/SHA256SUMS" "$stage/$last/" && rmdir "$stage/split"
 shared=$(cd "$(dirname "$0")/../../.." && pwd)/shared
 cp -r "$shared/gpu/install_wheelhouse.sh" "$shared/gpu/models" "$shared"/traces/azure_*_2023.csv "$stage/$last/"
+# vLLM 0.24's OpenAI server (`vllm serve`, i.e. --server vllm) imports these; the kit lacks them.
+python3 -m pip download --no-deps -q -d "$stage/$last/extra-wheels" \
+  model-hosting-container-standards==0.1.16 jmespath==1.1.0 supervisor==4.3.0
 echo "staged $(ls "$stage" | wc -l) calls of <= $part_mib MiB in $stage (checkout $((tracked_kib / 1024)) MiB)"
