@@ -27,7 +27,7 @@ from server.config import (
 )
 from workloads.profile import format_profile, profile_trace
 from workloads.slo import parse_slos
-from workloads.trace import load_trace
+from workloads.trace_io import load_trace
 
 
 def prepare_plan(request: TuningRequest) -> TuningPlan:

@@ -62,7 +62,7 @@ from autotune.servers import add_server_flags, deployed_server, trial_server
 from server.config import ServerConfig
 from server.recorder import read_recording
 from workloads.files import atomic_file
-from workloads.trace import TraceWarning, load_trace, write_trace
+from workloads.trace_io import TraceWarning, load_trace, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
 # that use them: `autotune --help` registers this command's flags and needs none of them.

@@ -26,7 +26,7 @@ from autotune.ladder import LadderSettings
 from autotune.objective import default_slos
 from autotune.trial import TrialRunner
 from server.config import ServerConfig, default_engine_settings
-from workloads.trace import load_trace
+from workloads.trace_io import load_trace
 from workloads.windows import select_windows
 
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"

@@ -51,7 +51,7 @@ CHUNK = 16  # vLLM's timed_trace default: tokens per hash id
 
 
 def make_window(args: argparse.Namespace, speedup: float):
-    from workloads.trace import load_trace
+    from workloads.trace_io import load_trace
     from workloads.windows import select_windows
 
     trace = load_trace(args.trace)

@@ -363,7 +363,7 @@ def measure_goodput(args: argparse.Namespace) -> int:
     from autotune.trial import TrialRunner
     from server.config import ServerConfig, default_engine_settings
     from server.engine import effective_settings, resolve_engine_config
-    from workloads.trace import load_trace
+    from workloads.trace_io import load_trace
     from workloads.windows import select_windows
 
     table_dir = Path(args.table)
@@ -494,7 +494,7 @@ class Replay:
         from autotune.objective import Objective
         from server.config import ServerConfig
         from workloads.slo import parse_slos
-        from workloads.trace import load_trace
+        from workloads.trace_io import load_trace
 
         base = table.baseline_point()
         if base is None:

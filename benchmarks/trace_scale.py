@@ -32,7 +32,8 @@ GOAL_BYTES = 1024**3
 
 def make_trace(path: Path, requests: int, seed: int) -> dict:
     from workloads.synthetic import TranslationSpec, translation
-    from workloads.trace import HashIdColumn, Trace, write_trace
+    from workloads.trace import HashIdColumn, Trace
+    from workloads.trace_io import write_trace
 
     spec = TranslationSpec(duration_s=requests / 4.5 * 1.05)
     trace = translation(spec, seed=seed)
@@ -69,7 +70,7 @@ def child(path: str) -> None:
     """Runs in a fresh interpreter: import, load, profile; prints timings as JSON."""
     started = time.perf_counter()
     from workloads.profile import profile_trace
-    from workloads.trace import load_trace
+    from workloads.trace_io import load_trace
 
     imported = time.perf_counter()
     cpu_imported = time.process_time()

@@ -42,7 +42,8 @@ from typing import Any
 
 from server.config import RecorderSettings
 from workloads.errors import WorkloadError
-from workloads.trace import Trace, TraceBuilder, TraceWarning, read_trace
+from workloads.trace import Trace, TraceBuilder
+from workloads.trace_io import TraceWarning, read_trace
 
 logger = logging.getLogger("server.recorder")
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from workloads.errors import WorkloadError
 from workloads.files import write_text_atomic
-from workloads.trace import Trace, TraceWarning, read_trace, write_trace
+from workloads.trace import Trace
+from workloads.trace_io import TraceWarning, read_trace, write_trace
 
 EXIT_DRIFT = 3
 _Formatter = argparse.ArgumentDefaultsHelpFormatter

@@ -22,7 +22,8 @@ from scipy import stats
 
 from workloads.errors import WorkloadError
 from workloads.profile import TraceProfile, profile_trace
-from workloads.trace import Trace, load_trace
+from workloads.trace import Trace
+from workloads.trace_io import load_trace
 
 
 class DriftThresholds(BaseModel):

@@ -27,7 +27,8 @@ from typing import Any, Literal
 import numpy as np
 
 from workloads.errors import TraceError, WorkloadError
-from workloads.trace import MAX_TOKENS, Trace, TraceBuilder, parse_record
+from workloads.trace import MAX_TOKENS, Trace, TraceBuilder
+from workloads.trace_io import parse_record
 
 TraceFormat = Literal["azure", "burstgpt", "mooncake"]
 FORMATS: tuple[TraceFormat, ...] = ("azure", "burstgpt", "mooncake")

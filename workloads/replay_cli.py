@@ -20,7 +20,7 @@ from pathlib import Path
 from workloads.errors import WorkloadError
 from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay
 from workloads.slo import parse_slos
-from workloads.trace import load_trace
+from workloads.trace_io import load_trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

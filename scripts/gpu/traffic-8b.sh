@@ -14,7 +14,7 @@ python3 -m autotune generate "$run/generated.jsonl" --like "$run/code.jsonl" --a
 # (counted in the log), since the server would refuse them.
 python3 - "$run/generated.jsonl" "$run/traffic.jsonl" 8192 <<'PY'
 import sys
-from workloads.trace import load_trace, write_trace
+from workloads.trace_io import load_trace, write_trace
 source, target, context = sys.argv[1], sys.argv[2], int(sys.argv[3])
 trace = load_trace(source)
 fits = (trace.input_lengths + trace.output_lengths) <= context

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
-from workloads.trace import load_trace
+from workloads.trace_io import load_trace
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -26,7 +26,7 @@ from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.replay import ReplaySummary
-from workloads.trace import load_trace
+from workloads.trace_io import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"

@@ -26,7 +26,8 @@ from server.config import ServerConfig, default_engine_settings
 from workloads.errors import WorkloadError
 from workloads.slo import parse_slos
 from workloads.synthetic import TranslationSpec, translation
-from workloads.trace import Trace, TraceRequest, load_trace, write_trace
+from workloads.trace import Trace, TraceRequest
+from workloads.trace_io import load_trace, write_trace
 
 LONGEST_PROMPT = 191_000  # the conversation_trace fixture's longest prompt (conftest.py)
 ROOT = Path(__file__).resolve().parents[2]

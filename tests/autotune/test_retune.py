@@ -25,7 +25,8 @@ from server.config import RecorderSettings, ServerConfig, ServingSettings, defau
 from workloads.profile import profile_trace
 from workloads.replay import ReplaySummary
 from workloads.synthetic import TranslationSpec, translation
-from workloads.trace import Trace, write_trace
+from workloads.trace import Trace
+from workloads.trace_io import write_trace
 
 SLOS = ["ttft_p95_ms=1000", "tpot_p95_ms=100"]
 FAST = ["--tuning-window", "20", "--holdout-window", "15", "--top-k", "1", "--repeats", "2"]

@@ -15,7 +15,7 @@ from autotune import retune
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.synthetic import TranslationSpec, translation
-from workloads.trace import write_trace
+from workloads.trace_io import write_trace
 
 
 # Four starts, each trial's and each gate run's own server, as in production: the gate must

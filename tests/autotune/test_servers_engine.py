@@ -21,7 +21,7 @@ from autotune.launcher import SERVER_NICE, StaleServerRegistry
 from autotune.trial import TrialOutcome
 from server.config import ServerConfig
 from workloads.replay import RequestRecord
-from workloads.trace import load_trace
+from workloads.trace_io import load_trace
 
 pytestmark = pytest.mark.engine
 

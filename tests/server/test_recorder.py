@@ -14,7 +14,7 @@ import pytest
 from server.config import ConfigError, RecorderSettings, ServerConfig, ServingSettings
 from server.recorder import TrafficRecorder, list_segments, read_recording
 from workloads.profile import profile_trace
-from workloads.trace import TraceWarning, load_trace
+from workloads.trace_io import TraceWarning, load_trace
 
 LANGS = [("en", "de"), ("de", "en"), ("en", "ja"), ("fr", "es")]
 

@@ -12,7 +12,8 @@ import pytest
 
 from server.recorder import read_recording
 from workloads.profile import profile_trace
-from workloads.trace import Trace, TraceWarning
+from workloads.trace import Trace
+from workloads.trace_io import TraceWarning
 
 pytestmark = pytest.mark.engine
 

@@ -11,7 +11,8 @@ from workloads.drift import compare, load_reference
 from workloads.errors import WorkloadError
 from workloads.profile import profile_trace
 from workloads.synthetic import TranslationSpec, translation
-from workloads.trace import Trace, write_trace
+from workloads.trace import Trace
+from workloads.trace_io import write_trace
 from workloads.windows import speedup
 
 

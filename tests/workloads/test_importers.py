@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from workloads.errors import TraceError, WorkloadError
 from workloads.importers import import_azure, import_burstgpt, import_mooncake, importer
-from workloads.trace import load_trace, write_trace
+from workloads.trace_io import load_trace, write_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # ../shared/traces relative to the repository root; never copied into the repository.

@@ -10,7 +10,8 @@ import pytest
 from scipy import stats
 
 from workloads.profile import _spearman, format_profile, profile_trace, write_plots
-from workloads.trace import Trace, load_trace
+from workloads.trace import Trace
+from workloads.trace_io import load_trace
 
 
 def hand_made() -> Trace:

@@ -11,16 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workloads import trace as trace_module
+from workloads import trace_io
 from workloads.errors import TraceError, WorkloadError
-from workloads.trace import (
-    Trace,
-    TraceRequest,
-    TraceWarning,
-    load_trace,
-    read_trace,
-    write_trace,
-)
+from workloads.trace import Trace, TraceRequest
+from workloads.trace_io import TraceWarning, load_trace, read_trace, write_trace
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -430,7 +424,7 @@ GOOD_LINE = '{"timestamp": %d, "input_length": 3, "output_length": 4, "source_la
 
 def careful_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every chunk miss the fast path, so each line goes through `_parse_line`."""
-    monkeypatch.setattr(trace_module, "_parse_chunk", lambda lines: None)
+    monkeypatch.setattr(trace_io, "_parse_chunk", lambda lines: None)
 
 
 def outcome(path: Path, skip: bool, chunk_lines: int) -> tuple:
@@ -509,14 +503,14 @@ def test_well_formed_chunks_take_the_fast_path(
     lines.insert(6, "")
     path = write_lines(tmp_path / "t.jsonl", lines)
     took_fast_path: list[bool] = []
-    fast = trace_module._parse_chunk
+    fast = trace_io._parse_chunk
 
     def spy(chunk: list[bytes]) -> tuple | None:
         columns = fast(chunk)
         took_fast_path.append(columns is not None)
         return columns
 
-    monkeypatch.setattr(trace_module, "_parse_chunk", spy)
+    monkeypatch.setattr(trace_io, "_parse_chunk", spy)
     with pytest.warns(TraceWarning, match="not in ascending order"):
         trace = load_trace(path)
     assert len(trace) == 10 and took_fast_path == [True]
@@ -531,7 +525,7 @@ def test_without_orjson_a_trace_loads_the_same_line_by_line(
     lines[4] = '{"timestamp": 4, "input_length": 3, "output_length": 4, "latency_ms": 12.5}'
     path = write_lines(tmp_path / "t.jsonl", lines)
     with_orjson = outcome(path, False, 4)
-    monkeypatch.setattr(trace_module, "orjson", None)
+    monkeypatch.setattr(trace_io, "orjson", None)
     assert outcome(path, False, 4) == with_orjson
     bad = write_lines(tmp_path / "bad.jsonl", [GOOD_LINE % 0, '{"timestamp": 1, "input_length": 0, "output_length": 4}'])
     assert outcome(bad, False, 4)[2].endswith("bad.jsonl:2: field 'input_length' = 0: must be >= 1 token")

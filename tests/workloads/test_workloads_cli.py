@@ -13,7 +13,7 @@ import yaml
 from workloads.cli import main as workloads_main
 from workloads.profile import profile_trace
 from workloads.synthetic import TranslationSpec, translation
-from workloads.trace import load_trace, write_trace
+from workloads.trace_io import load_trace, write_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
