@@ -50,7 +50,8 @@ from autotune.scraper import (
     server_metrics,
 )
 from workloads.prompts import PromptFactory
-from workloads.replay import PER_REQUEST_METRICS, ReplayMode, ReplayResult, ReplaySummary, replay
+from workloads.replay import ReplayMode, replay
+from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary
 from workloads.slo import SLO, request_value_ms
 from workloads.trace import Trace
 

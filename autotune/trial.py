@@ -39,7 +39,8 @@ from autotune.servers import TrialServer
 from autotune.signals import stop_reason
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
-from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay, write_records
+from workloads.replay import ReplayMode, replay
+from workloads.replay_summary import ReplayResult, ReplaySummary, write_records
 from workloads.replay_workers import replay_with_workers
 from workloads.slo import SLO
 from workloads.trace import Trace, TraceRequest

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 
 from workloads.errors import WorkloadError
-from workloads.replay import ReplayMode, ReplayResult, ReplaySummary, replay
+from workloads.replay import ReplayMode, replay
+from workloads.replay_summary import ReplayResult, ReplaySummary
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace
 

@@ -36,9 +36,7 @@ from workloads.prompts import PromptFactory
 from workloads.replay import (
     ProgressCallback,
     ReplayMode,
-    ReplayResult,
     ReplayRun,
-    Tally,
     check_options,
     client_session,
     each_second,
@@ -46,6 +44,7 @@ from workloads.replay import (
     replay,
     warn_if_lagging,
 )
+from workloads.replay_summary import ReplayResult, Tally
 from workloads.slo import SLO
 from workloads.trace import Trace
 

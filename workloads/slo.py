@@ -90,7 +90,7 @@ def parse_slos(texts: Iterable[str]) -> list[SLO]:
 
 
 class MeasuredRequest(Protocol):
-    """What `request_is_good` reads from a request record (`workloads.replay.RequestRecord`)."""
+    """What `request_is_good` reads from a request record (`workloads.replay_summary.RequestRecord`)."""
 
     error: str | None
     ttft_ms: float | None

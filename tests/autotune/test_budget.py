@@ -19,7 +19,7 @@ from autotune.study import StudyOptions, TuningStudy
 from autotune.trial import TrialOutcome, TrialTiming
 from autotune.trial_records import engine_devices
 from server.config import ServerConfig
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.trace import Trace, TraceRequest
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from autotune.first_moves import first_moves, limiting_slo
 from autotune.ladder import CapacityResult, LadderStep
 from autotune.scraper import ServerMetrics
 from autotune.space import ParamSpec, SearchSpace
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
 
 SLOS = [parse_slo("ttft_p95_ms=500"), parse_slo("tpot_p95_ms=50")]

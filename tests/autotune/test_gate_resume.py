@@ -13,7 +13,7 @@ from autotune.space import ParamSpec, SearchSpace
 from autotune.study import StudyOptions, TuningStudy
 from autotune.trial import TrialOutcome
 from server.config import ServerConfig
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 

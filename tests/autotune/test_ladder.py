@@ -22,7 +22,7 @@ from autotune.ladder import (
 from autotune.objective import Objective, evaluate
 from autotune.trial import TrialRunner
 from server.config import ServerConfig
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.slo import SLO, parse_slo
 from workloads.trace import Trace, TraceRequest
 

@@ -16,7 +16,7 @@ from autotune.ladder import CapacityResult, LadderSettings, LadderStep
 from autotune.objective import evaluate, invalid_config_evaluation, parse_objective
 from autotune.space import SearchSpace
 from autotune.trial import TrialOutcome
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos
 
 FIXTURES = Path(__file__).with_name("fixtures")

@@ -11,7 +11,7 @@ import pytest
 from autotune.errors import AutotuneError
 from autotune.objective import evaluate, parse_objective
 from autotune.trial import TrialOutcome
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos
 
 SLOS = parse_slos(["ttft_p95_ms=500", "tpot_p95_ms=50"])

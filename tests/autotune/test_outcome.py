@@ -25,7 +25,7 @@ from autotune.prepare import prepare_plan
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.trace_io import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]

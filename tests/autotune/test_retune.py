@@ -23,7 +23,7 @@ from autotune.space import SearchSpace
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
 from workloads.profile import profile_trace
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.synthetic import TranslationSpec, translation
 from workloads.trace import Trace
 from workloads.trace_io import write_trace

@@ -20,7 +20,7 @@ import pytest
 from autotune.launcher import SERVER_NICE, StaleServerRegistry
 from autotune.trial import TrialOutcome
 from server.config import ServerConfig
-from workloads.replay import RequestRecord
+from workloads.replay_summary import RequestRecord
 from workloads.trace_io import load_trace
 
 pytestmark = pytest.mark.engine

@@ -17,7 +17,7 @@ import pytest
 from autotune.launcher import StaleServerRegistry
 from autotune.trial import TrialOutcome, TrialRunner
 from server.config import ServerConfig
-from workloads.replay import ReplaySummary, RequestRecord
+from workloads.replay_summary import ReplaySummary, RequestRecord
 from workloads.trace import Trace, TraceRequest
 
 HERE = Path(__file__).parent

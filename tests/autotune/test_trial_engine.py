@@ -17,7 +17,7 @@ import pytest
 from autotune.launcher import StaleServerRegistry
 from autotune.trial import TrialOutcome, TrialRunner
 from server.config import ServerConfig, default_engine_settings
-from workloads.replay import RequestRecord
+from workloads.replay_summary import RequestRecord
 from workloads.trace import Trace, TraceRequest
 
 WINDOW_S = 10.0

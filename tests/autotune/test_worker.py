@@ -43,7 +43,7 @@ from autotune.plan import TuningPlan
 from autotune.space import SearchSpace
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 from workloads.trace import Trace, TraceRequest
 
 EFFECTIVE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.3,

@@ -17,7 +17,7 @@ import pytest
 from autotune.ladder import CapacityResult, LadderSettings, LadderStep
 from autotune.scraper import ServerMetrics
 from autotune.trial import TrialOutcome
-from workloads.replay import ReplaySummary
+from workloads.replay_summary import ReplaySummary
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = {"max_num_seqs": [4, 8, 16], "max_num_batched_tokens": [512, 1024, 2048]}

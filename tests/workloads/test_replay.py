@@ -18,14 +18,8 @@ import pytest
 from autotune.launcher import free_port
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
-from workloads.replay import (
-    CLIENT_LAG_WARN_MS,
-    ReplayMode,
-    ReplaySummary,
-    client_session,
-    replay,
-    summarize,
-)
+from workloads.replay import ReplayMode, client_session, replay
+from workloads.replay_summary import CLIENT_LAG_WARN_MS, ReplaySummary, summarize
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workloads.errors import WorkloadError
-from workloads.replay import RequestRecord
+from workloads.replay_summary import RequestRecord
 from workloads.slo import SLO, parse_slo, parse_slos, request_is_good, slo_met
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from workloads.errors import WorkloadError
-from workloads.replay import ReplaySummary, replay, summarize
+from workloads.replay import replay
+from workloads.replay_summary import ReplaySummary, summarize
 from workloads.replay_workers import RATE_PER_WORKER, auto_workers, replay_with_workers
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
