@@ -1,5 +1,9 @@
 """The replayer: send a trace to an OpenAI-compatible server and measure every request.
 
+(Over ~400 lines, because one run's timing loop, stream parsing and stop rules are read and
+changed together: `ReplayRun` is that loop. Records and their statistics live in
+workloads.replay_summary.)
+
 Two modes (`ReplayMode`):
 
 - `timed` (open loop): request i is sent at `timestamp_i / speedup` seconds after the start,
