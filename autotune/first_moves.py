@@ -15,6 +15,12 @@ Moves outside the search space are clamped to it; moves equal to the baseline or
 already queued are dropped. A move that beats everything measured before it is followed one
 step further the same way (`follow_up`: 8192 -> 2048 paid off, so 1024 next). Then TPE
 proposes, learning from these trials as from any other.
+
+The min-memory objective asks a different question (the least memory that still meets every
+SLO at H x the recorded rate), and memory is monotone in it: more never hurts. So its first
+phase bisects `gpu_memory_utilization` alone (`memory_descent`), between the least memory
+that met the SLOs (the baseline's to start) and the most that did not (or the space's lower
+bound), down to the space's step (else 0.02), before TPE looks at the other knobs.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ logger = logging.getLogger(__name__)
 
 BATCHED = "max_num_batched_tokens"
 SEQS = "max_num_seqs"
+MEMORY = "gpu_memory_utilization"
 MAX_MOVES = 3
+MEMORY_RESOLUTION = 0.02  # of the device's memory, when the space's memory has no step
 
 
 class Move(BaseModel):
@@ -152,3 +160,53 @@ def _clamp(param: ParamSpec, value: Any) -> Any:
         return None
     clamped = min(max(float(value), param.low), param.high)
     return int(clamped) if param.type in ("int", "pow2") else clamped
+
+
+def memory_descent(
+    points: Sequence[tuple[float, bool]], space: SearchSpace, baseline_values: Mapping[str, Any]
+) -> Move | None:
+    """min-memory: the next memory to try, or None when the bisection is done.
+
+    `points`: (memory, met every SLO at the headroom) of the finished trials that differ from
+    the baseline in memory alone, the baseline included. Nothing to descend from when no
+    point met the SLOs."""
+    param = space.params.get(MEMORY)
+    if param is None or param.low is None or param.high is None:
+        return None
+    met = [memory for memory, ok in points if ok]
+    if not met:
+        return None
+    lowest_met = min(met)
+    missed_below = [memory for memory, ok in points if not ok and memory < lowest_met]
+    resolution = param.step or MEMORY_RESOLUTION
+    if missed_below:
+        floor = max(missed_below)
+        if lowest_met - floor <= resolution + 1e-9:
+            return None
+        target = (floor + lowest_met) / 2
+    elif lowest_met - param.low <= resolution + 1e-9:
+        target = param.low  # the space's bound itself, once
+    else:
+        target = (param.low + lowest_met) / 2
+    target = _on_grid(param, target)
+    if any(abs(target - memory) < 1e-9 for memory, _ in points) or target >= lowest_met:
+        return None
+    values = {
+        name: _clamp(spec, baseline_values[name]) for name, spec in space.params.items()
+        if name in baseline_values
+    }
+    values = {name: v for name, v in values.items() if v is not None}
+    values[MEMORY] = target
+    why = (f"met every SLO at {lowest_met:g}" + (f", missed at {max(missed_below):g}" if missed_below else "")
+           + ": bisecting memory")
+    return Move(name=f"{MEMORY}={target:g}", why=why, values=values, knob=MEMORY,
+                factor=target / lowest_met)
+
+
+def _on_grid(param: ParamSpec, value: float) -> float:
+    """`value` rounded up onto the parameter's step grid (else hundredths): less memory than
+    the grid allows is not a config the space has, and more only errs on the safe side."""
+    low = float(param.low or 0.0)
+    step = param.step or 0.01
+    steps = -(-round((value - low) / step, 9) // 1)  # ceil, robust to float noise
+    return round(low + steps * step, 10)

@@ -32,7 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.first_moves import Move, first_moves, follow_up
+from autotune.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent
 from autotune.gate_runner import GateRunner, Runner, ValidationResult
 from autotune.ladder import CapacityResult
 from autotune.objective import (
@@ -222,7 +222,11 @@ class TuningStudy:
     def queue_first_moves(self, study: optuna.Study) -> None:
         """Once the baseline's capacity is known, plan the one-knob moves its measurement
         points to (autotune.first_moves), once per study. One move is queued at a time, so
-        that a move that paid off is followed a step further before the next idea."""
+        that a move that paid off is followed a step further before the next idea.
+        min-memory bisects memory instead (`_queue_memory_descent`)."""
+        if self.objective.kind == "min-memory":
+            self._queue_memory_descent(study)
+            return
         if not self.objective.measures_capacity:
             return
         if "first_moves" not in study.user_attrs:
@@ -247,6 +251,30 @@ class TuningStudy:
         if pending and not busy:
             self._queue_move(study, pending.pop(0))
         study.set_user_attr("pending_moves", [m.model_dump(mode="json") for m in pending])
+
+    def _queue_memory_descent(self, study: optuna.Study) -> None:
+        """min-memory: queue the next memory of the bisection (autotune.first_moves.
+        memory_descent) from the finished trials that changed memory alone."""
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
+            return
+        baseline = self.gate.baseline_trial(study)
+        if baseline is None or not baseline.state.is_finished():
+            return
+        base = baseline.user_attrs.get("engine_params") or {}
+        points: list[tuple[float, bool]] = []
+        for trial in trials:
+            params = trial.user_attrs.get("engine_params") or {}
+            if not trial.state.is_finished() or params.get(MEMORY) is None:
+                continue
+            if trial.number == baseline.number or (trial.user_attrs.get("move_detail") or {}).get("knob") == MEMORY:
+                points.append((float(params[MEMORY]), feasible(trial)))
+        move = memory_descent(points, self.space, base)
+        if move is not None:
+            if "first_moves" not in study.user_attrs:
+                study.set_user_attr("first_moves", [move.name])
+            self.say(f"next memory: {move.name} ({move.why})")
+            self._queue_move(study, move)
 
     def _queue_move(self, study: optuna.Study, move: Move) -> None:
         study.enqueue_trial(

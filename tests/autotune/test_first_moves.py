@@ -109,3 +109,74 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
     assert runner.batched == [8192, 2048, 1024, 4096]
     best = study.gate.best_trials(study.study, 1)[0]
     assert best.user_attrs["capacity_rps"] == 10.0
+
+
+# -- min-memory: bisecting memory ----------------------------------------------------------
+
+
+def test_memory_descent_bisects_between_the_least_memory_that_met_and_the_most_that_missed() -> None:
+    from autotune.first_moves import memory_descent
+
+    space = SearchSpace({"gpu_memory_utilization": ParamSpec(type="float", low=0.1, high=0.3)}, [])
+    base = {"gpu_memory_utilization": 0.3}
+    assert memory_descent([(0.3, True)], space, base).values["gpu_memory_utilization"] == 0.2
+    assert memory_descent([(0.3, True), (0.2, False)], space, base).values["gpu_memory_utilization"] == 0.25
+    assert memory_descent([(0.3, True), (0.2, True)], space, base).values["gpu_memory_utilization"] == 0.15
+    # Within the resolution (0.02 without a step): done; a baseline that missed: nothing to descend.
+    assert memory_descent([(0.3, True), (0.2, False), (0.21, True)], space, base) is None
+    assert memory_descent([(0.3, False)], space, base) is None
+    # Near the space's bound, the bound itself once, then done.
+    assert memory_descent([(0.11, True)], space, base).values["gpu_memory_utilization"] == 0.1
+    assert memory_descent([(0.11, True), (0.1, True)], space, base) is None
+    # On a stepped grid the target is rounded up to it (less than the grid has is not a config).
+    stepped = SearchSpace({"gpu_memory_utilization": ParamSpec(type="float", low=0.05, high=0.95, step=0.05)}, [])
+    move = memory_descent([(0.9, True), (0.45, False)], stepped, {"gpu_memory_utilization": 0.9})
+    assert move.values["gpu_memory_utilization"] == 0.7  # (0.45 + 0.9) / 2 = 0.675 -> 0.7
+
+
+def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_path) -> None:
+    from pathlib import Path
+
+    from autotune.objective import parse_objective
+    from autotune.study import StudyOptions, TuningStudy
+    from autotune.trial import TrialOutcome
+    from server.config import ServerConfig
+    from workloads.trace import Trace, TraceRequest
+
+    window = Trace.from_requests(
+        [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
+
+    class MemoryRunner:
+        """Every SLO holds at the headroom from 0.17 of the memory up (the weights need the rest)."""
+
+        def __init__(self) -> None:
+            self.memory: list[float] = []
+
+        def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
+                start_speedup=None, **_: object) -> TrialOutcome:
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            memory = float(config.engine.get("gpu_memory_utilization"))
+            self.memory.append(memory)
+            passed = memory >= 0.17
+            result = capacity(step(1.5, passed, 200 if passed else 900, 20))
+            result = result.model_copy(update={"capacity_rps": 15.0 if passed else 0.0, "recorded_rps": 10.0,
+                                               "capacity_speedup": 1.5 if passed else None})
+            return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
+
+    runner = MemoryRunner()
+    space = SearchSpace({
+        "max_num_seqs": ParamSpec(type="int", low=8, high=1024, log=True),
+        "gpu_memory_utilization": ParamSpec(type="float", low=0.1, high=0.3),
+    }, [])
+    study = TuningStudy(
+        options=StudyOptions(study_name="mm", output_dir=tmp_path, n_trials=6, top_k=1, repeats=1),
+        space=space, objective=parse_objective("min-memory", SLOS, headroom=1.5), slos=SLOS,
+        baseline=ServerConfig(engine={"model": "fake", "gpu_memory_utilization": 0.3}),
+        baseline_source="deployed.yaml", tuning_window=window, holdout_window=window, runner=runner,
+        effective_defaults=DEFAULTS, say=lambda line: None,
+    )
+    study.run_search()
+    # 0.3 met; 0.2 met; 0.15 missed; 0.18 met; 0.17 met (within 0.02 of 0.15's miss: done); then TPE.
+    assert runner.memory[:5] == [0.3, 0.2, 0.15, 0.18, 0.17]
+    best = study.gate.best_trials(study.study, 1)[0]
+    assert best.values == [0.17]
