@@ -144,7 +144,8 @@ class TuningPlan(BaseModel):
     output_dir: Path
     storage: str | None = None  # an Optuna RDB URL; None: sqlite:///OUTPUT_DIR/study.db
     resume: bool = False
-    # `autotune run --resume`: runs an interrupted gate measured on this host are kept.
+    # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
+    # from another machine: autotune.gate_runner).
     resume_gate: bool = False
 
     @property

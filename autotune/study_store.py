@@ -54,7 +54,8 @@ class StudyOptions:
     top_k: int = 3
     repeats: int = 3
     prune: bool = True
-    # `autotune run --resume`: runs an interrupted gate measured on this host are kept
+    # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
+    # from another machine: autotune.gate_runner)
     # (finalize --again and retune always measure the gate afresh).
     resume_gate: bool = False
 
