@@ -28,7 +28,8 @@ from autotune.outcome import baseline_problem, baseline_standing, stop_if_baseli
 from autotune.plan import TuningPlan
 from autotune.progress import format_duration, say
 from autotune.redact import redact, redact_argv
-from autotune.report import ReportInputs, capacity_line, kept_summary, memory_line, write_report
+from autotune.report import capacity_line, kept_summary, memory_line, write_report
+from autotune.report_plots import ReportInputs
 from autotune.study import TuningStudy
 from autotune.study_store import StudyOptions
 from autotune.trial import TrialRunner

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from autotune.export import build_provenance
 from autotune.objective import parse_objective
-from autotune.report import ReportInputs, write_report
+from autotune.report import write_report
+from autotune.report_plots import ReportInputs
 from autotune.space import SearchSpace
 from autotune.study import StudyOptions, TuningStudy
 from autotune.trial import TrialOutcome, TrialTiming
