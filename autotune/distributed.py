@@ -38,10 +38,10 @@ from pydantic import BaseModel, ValidationError
 
 from autotune import pipeline
 from autotune.errors import AutotuneError
-from autotune.launcher import StaleServerRegistry, reap_stale_servers
 from autotune.outcome import stop_if_baseline_failed
 from autotune.plan import TuningPlan
 from autotune.redact import redact, redact_argv
+from autotune.server_registry import StaleServerRegistry, reap_stale_servers
 from autotune.study import TuningStudy
 from autotune.study_store import check_writable
 from autotune.trial_records import counts_toward_budget, trial_label

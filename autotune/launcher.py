@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import errno
-import logging
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,47 +21,23 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
-from server.lifeline import PARENT_PID_ENV
-from workloads.files import write_text_atomic
-
-StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config"]
-
-# What vLLM, torch and the OS write when memory (GPU, CPU or KV cache) runs out.
-_OOM_PATTERNS = re.compile(
-    "|".join(
-        [
-            r"out of memory",
-            r"OutOfMemory",
-            r"Cannot allocate memory",
-            r"MemoryError",
-            r"insufficient memory",
-            r"No available memory for the cache blocks",
-            r"larger than the available KV cache memory",
-            r"is less than desired (?:GPU|CPU) memory utilization",
-            r"less than requested memory for kv",
-            r"less than the engine's budget",
-            # An engine core killed by the OOM killer shows up as exit code -9.
-            r"Failed core proc\(s\): \{[^}]*: -9\b",
-            r"exit code:? -9\b",
-        ]
-    ),
-    re.IGNORECASE,
+from autotune.server_registry import (
+    RegisteredServer,
+    StaleServerRegistry,
+    _group_members,
+    _is_gone,
+    _signal_all,
 )
-_PORT_IN_USE = re.compile(r"address already in use|\[Errno 98\]|\[Errno 48\]", re.IGNORECASE)
-# vLLM validates engine arguments in pydantic config classes: a rejected combination (e.g.
-# max_num_batched_tokens < max_num_seqs) is the config's fault, not a crash.
-_INVALID_CONFIG = re.compile(r"validation error for \w*Config\b|ConfigError")
-_PYDANTIC_REASON = re.compile(r"^\s*Value error, ")
-_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*:|^\S*error:|^\S*Error\b")
-_LOG_TAIL_LINES = 40
-# The server under test runs at this nice value (and so does its session's autogroup):
-# on a host it shares with the load client, the client must never wait for a CPU behind
-# the server it measures. Measured on the 2-core CI machine, where vLLM's engine core
-# spins on its worker's queue: send lag p99 2,070 ms and TTFT p95 2,435 ms at 3 req/s with
-# both at 0; 1 ms and 14 ms with the server's autogroup at 10 (same server, same traffic).
-SERVER_NICE = 10
-
-logger = logging.getLogger(__name__)
+from autotune.server_start import (
+    StartFailureKind,
+    classify_exit,
+    free_port,
+    headline,
+    log_tail,
+    port_is_free,
+    yield_cpu_to_clients,
+)
+from server.lifeline import PARENT_PID_ENV
 
 
 class ServerStartFailed(Exception):
@@ -98,103 +70,6 @@ class TeardownReport(BaseModel):
     memory_recovered: bool
 
 
-class RegisteredServer(BaseModel):
-    """One started server, kept in the registry until its group is confirmed gone."""
-
-    pid: int
-    pgid: int
-    create_time: float  # psutil's, to tell our process from a recycled pid
-    study: str = ""
-    trial: str = ""
-    port: int | None = None
-    started: str = ""  # ISO time, for humans reading the file
-
-
-class _RegistryFile(BaseModel):
-    servers: list[RegisteredServer] = []
-
-
-class StaleServerRegistry:
-    """A JSON file listing servers that may still be running (atomic rewrites).
-
-    One tuner process uses a registry at a time (one per study folder); no locking.
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def entries(self) -> list[RegisteredServer]:
-        if not self.path.exists():
-            return []
-        return _RegistryFile.model_validate_json(self.path.read_text()).servers
-
-    def add(self, entry: RegisteredServer) -> None:
-        servers = [s for s in self.entries() if s.pid != entry.pid]
-        self._write(servers + [entry])
-
-    def remove(self, pid: int) -> None:
-        self._write([s for s in self.entries() if s.pid != pid])
-
-    def _write(self, servers: list[RegisteredServer]) -> None:
-        write_text_atomic(self.path, _RegistryFile(servers=servers).model_dump_json(indent=2))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (bind to port 0, read it back, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True
-
-
-def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
-    """The last `lines` lines of a log file (empty if it does not exist)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 64 * 1024))
-            text = handle.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    return text.splitlines()[-lines:]
-
-
-def headline(tail: Sequence[str]) -> str:
-    """The line of a log tail that best says what went wrong (the last error line, or the
-    pydantic "Value error, ..." reason printed right under it)."""
-    for index in range(len(tail) - 1, -1, -1):
-        if _ERROR_LINE.search(tail[index]):
-            following = tail[index + 1 : index + 4]
-            reasons = [line for line in following if _PYDANTIC_REASON.search(line)]
-            return (reasons[0] if reasons else tail[index]).strip()
-    for line in reversed(tail):
-        if line.strip():
-            return line.strip()
-    return "(empty log)"
-
-
-def classify_exit(returncode: int | None, tail: Sequence[str]) -> StartFailureKind:
-    """Why a server process that should be serving has exited."""
-    text = "\n".join(tail)
-    if returncode == -signal.SIGKILL or _OOM_PATTERNS.search(text):
-        return "oom"
-    if _PORT_IN_USE.search(text):
-        return "port_in_use"
-    # Exit code 2: the server's own "bad config file" exit, as for the autotune CLI.
-    if returncode == 2 or _INVALID_CONFIG.search(text):
-        return "invalid_config"
-    return "crash"
 
 
 def _memory_available() -> int:
@@ -224,39 +99,6 @@ def _resident_outside(pids: set[int]) -> int:
             total += memory.rss
     return total
 
-
-def _is_gone(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _group_members(pgid: int, created_after: float) -> list[psutil.Process]:
-    """Processes of group `pgid` created no earlier than the group leader (not recycled)."""
-    members = []
-    for process in psutil.process_iter(["create_time"]):
-        try:
-            if os.getpgid(process.pid) != pgid:
-                continue
-        except (ProcessLookupError, PermissionError):
-            continue
-        created = process.info["create_time"]
-        if created is not None and created + 0.05 >= created_after and not _is_gone(process):
-            members.append(process)
-    return members
-
-
-def _signal_all(pgid: int | None, processes: Sequence[psutil.Process], sig: signal.Signals) -> None:
-    """Signal the group (pass `pgid` only while a verified member is alive: an empty group's
-    id is a free pid that a stranger may now lead) and each listed process."""
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    # Children that left the group (setsid) are still ours: signal them one by one.
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            process.send_signal(sig)
 
 
 class ServerProcess:
@@ -461,26 +303,6 @@ class ServerProcess:
         return list(alive.values())
 
 
-def yield_cpu_to_clients(pid: int, nice: int = SERVER_NICE) -> None:
-    """Lower a just-spawned server's CPU priority below the load client's (see SERVER_NICE).
-
-    Sets the process's nice value (inherited by the engine processes it starts later) and,
-    when the server leads its own session, its autogroup's: with autogroup scheduling (the
-    Linux default) CPU time is shared between sessions first, so a nice value alone would
-    only rank the server's own processes against each other. Where either is not allowed
-    or not available the server runs as it is, and measurements say so through send lag.
-    """
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-    except OSError as exc:
-        logger.debug("could not renice server %d: %s", pid, exc)
-    try:
-        # Only a session leader's autogroup is the server's alone (not the caller's).
-        if os.getsid(pid) == pid:
-            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
-    except OSError as exc:
-        logger.debug("could not renice server %d's autogroup: %s", pid, exc)
-
 
 class ServerLauncher:
     """Starts `python -m server --config FILE --port P --benchmark-mode` and waits for it.
@@ -580,32 +402,3 @@ class ServerLauncher:
                 )
             )
         return server
-
-
-def reap_stale_servers(registry_path: Path, *, grace_s: float = 10.0) -> list[int]:
-    """End every registered server group that still has processes; return the pids ended.
-
-    A registered group leader that exited (e.g. SIGKILLed) may have left children in its
-    group, so the whole group is scanned; only processes created no earlier than the
-    registered leader count, which keeps a recycled pid or pgid safe.
-    """
-    registry = StaleServerRegistry(registry_path)
-    ended: list[int] = []
-    for entry in registry.entries():
-        members = _group_members(entry.pgid, entry.create_time)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            leader = psutil.Process(entry.pid)
-            if abs(leader.create_time() - entry.create_time) < 0.05 and not _is_gone(leader):
-                if all(p.pid != leader.pid for p in members):
-                    members.append(leader)
-        if members:
-            _signal_all(entry.pgid, members, signal.SIGTERM)
-            _, alive = psutil.wait_procs(members, timeout=grace_s)
-            alive = [p for p in alive if not _is_gone(p)]
-            if alive:
-                _signal_all(entry.pgid, alive, signal.SIGKILL)
-                psutil.wait_procs(alive, timeout=grace_s)
-            ended.extend(p.pid for p in members)
-        if not _group_members(entry.pgid, entry.create_time):
-            registry.remove(entry.pid)
-    return sorted(ended)

@@ -49,7 +49,6 @@ from pydantic import ValidationError
 
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.export import export_best, header_text
-from autotune.launcher import reap_stale_servers
 from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
@@ -58,6 +57,7 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
+from autotune.server_registry import reap_stale_servers
 from autotune.servers import add_server_flags, deployed_server, trial_server
 from server.config import ServerConfig
 from server.recorder import read_recording

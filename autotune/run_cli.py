@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
-from autotune.launcher import reap_stale_servers
 from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
@@ -20,6 +19,7 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
+from autotune.server_registry import reap_stale_servers
 from autotune.servers import add_server_flags, trial_server
 
 

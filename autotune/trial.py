@@ -24,7 +24,6 @@ from autotune.launcher import (
     ServerLauncher,
     ServerProcess,
     ServerStartFailed,
-    StaleServerRegistry,
     TeardownReport,
 )
 from autotune.scraper import (
@@ -35,6 +34,7 @@ from autotune.scraper import (
     ServerMetrics,
     server_metrics,
 )
+from autotune.server_registry import StaleServerRegistry
 from autotune.servers import TrialServer
 from autotune.signals import stop_reason
 from server.config import ServerConfig

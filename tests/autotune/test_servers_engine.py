@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.launcher import SERVER_NICE, StaleServerRegistry
+from autotune.server_registry import StaleServerRegistry
+from autotune.server_start import SERVER_NICE
 from autotune.trial import TrialOutcome
 from server.config import ServerConfig
 from workloads.replay_summary import RequestRecord

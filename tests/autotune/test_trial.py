@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from autotune.launcher import StaleServerRegistry
+from autotune.server_registry import StaleServerRegistry
 from autotune.trial import TrialOutcome, TrialRunner
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary, RequestRecord

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.launcher import StaleServerRegistry
+from autotune.server_registry import StaleServerRegistry
 from autotune.trial import TrialOutcome, TrialRunner
 from server.config import ServerConfig, default_engine_settings
 from workloads.replay_summary import RequestRecord

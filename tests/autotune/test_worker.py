@@ -37,9 +37,9 @@ from autotune.distributed import (
 )
 from autotune.errors import AutotuneError
 from autotune.ladder import LadderSettings
-from autotune.launcher import RegisteredServer, StaleServerRegistry
 from autotune.objective import default_slos, parse_objective
 from autotune.plan import TuningPlan
+from autotune.server_registry import RegisteredServer, StaleServerRegistry
 from autotune.space import SearchSpace
 from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings

@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotune.launcher import reap_stale_servers
+from autotune.server_registry import reap_stale_servers
 from autotune.trial_records import lost_worker
 from server.config import ServerConfig, default_engine_settings
 
