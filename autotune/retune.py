@@ -42,8 +42,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
+from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
 from autotune.launcher import reap_stale_servers
 from autotune.measure_flags import add_measurement_flags, measurement_fields
@@ -58,8 +57,7 @@ from autotune.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, 
 from autotune.servers import add_server_flags, deployed_server, trial_server
 from autotune.warm_start import WarmStart, warm_start_trials
 from server.config import ServerConfig
-from server.recorder import read_recording
-from workloads.trace_io import TraceWarning, load_trace, write_trace
+from workloads.trace_io import TraceWarning, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
 # that use them: `autotune --help` registers this command's flags and needs none of them.
@@ -201,53 +199,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- inputs ---------------------------------------------------------------------------------
-
-
-def load_current(path: Path) -> Any:
-    """The current traffic: a trace file, or a recorder folder (all its files, one time line)."""
-    if path.is_dir():
-        return read_recording(path)
-    return load_trace(path)
-
-
-def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tuple[Any, str]:
-    """(reference, where it came from): --reference, else the deployed config's stored
-    profile, else the trace the deployed config was tuned on if it is still there."""
-    from workloads.drift import load_reference
-    from workloads.profile import TraceProfile
-
-    if args.reference is not None:
-        return load_reference(args.reference), str(args.reference)
-    provenance = deployed.provenance or {}
-    if isinstance(provenance.get("profile"), dict):
-        profile = TraceProfile.model_validate(provenance["profile"])
-        if profile.length_sample.input_lengths:
-            return profile, f"{args.config} (provenance.profile)"
-    source = (provenance.get("workload") or {}).get("source")
-    if source and Path(source).is_file():
-        return load_trace(source), f"{source} (the trace {args.config} was tuned on)"
-    raise AutotuneError(
-        f"{args.config}: key 'additional-config.vllm_autotune.provenance.profile' is missing "
-        f"and the tuning trace {source!r} is not readable; pass --reference TRACE"
-    )
-
-
-def drift_thresholds(args: argparse.Namespace) -> Any:
-    from workloads.drift import DriftThresholds
-
-    given = {
-        "ks_statistic": args.ks_threshold,
-        "rate_change": args.rate_threshold,
-        "burstiness_change": args.burstiness_threshold,
-        "concurrency_change": args.concurrency_threshold,
-    }
-    try:
-        return DriftThresholds(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise AutotuneError(
-            f"drift threshold {first['loc'][0]} = {first.get('input')!r}: {first['msg']}"
-        ) from None
 
 
 def check_flags(args: argparse.Namespace) -> None:
