@@ -36,19 +36,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
-import shutil
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
+from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
-from autotune.export import export_best, header_text
 from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
@@ -57,12 +52,12 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
+from autotune.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
 from autotune.server_registry import reap_stale_servers
 from autotune.servers import add_server_flags, deployed_server, trial_server
+from autotune.warm_start import WarmStart, warm_start_trials
 from server.config import ServerConfig
-from server.recorder import read_recording
-from workloads.files import atomic_file
-from workloads.trace_io import TraceWarning, load_trace, write_trace
+from workloads.trace_io import TraceWarning, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
 # that use them: `autotune --help` registers this command's flags and needs none of them.
@@ -70,12 +65,9 @@ if TYPE_CHECKING:
     from autotune.capacity_check import CapacityCheck, PremeasuredRunner
 
 EXIT_NO_DRIFT = 0
-EXIT_NEW_CONFIG = 10
-EXIT_KEPT_DEPLOYED = 11
 EXIT_DRY_RUN_DRIFT = 3  # as `autotune drift`
+# EXIT_NEW_CONFIG = 10, EXIT_KEPT_DEPLOYED = 11: autotune.publish's, imported above
 DEFAULT_WARM_START = 4
-PREVIOUS_BEST = 2  # of the warm-start trials, at most this many from the previous study
-VERSION = re.compile(r"^best-v(\d+)\.yaml$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -209,53 +201,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- inputs ---------------------------------------------------------------------------------
 
 
-def load_current(path: Path) -> Any:
-    """The current traffic: a trace file, or a recorder folder (all its files, one time line)."""
-    if path.is_dir():
-        return read_recording(path)
-    return load_trace(path)
-
-
-def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tuple[Any, str]:
-    """(reference, where it came from): --reference, else the deployed config's stored
-    profile, else the trace the deployed config was tuned on if it is still there."""
-    from workloads.drift import load_reference
-    from workloads.profile import TraceProfile
-
-    if args.reference is not None:
-        return load_reference(args.reference), str(args.reference)
-    provenance = deployed.provenance or {}
-    if isinstance(provenance.get("profile"), dict):
-        profile = TraceProfile.model_validate(provenance["profile"])
-        if profile.length_sample.input_lengths:
-            return profile, f"{args.config} (provenance.profile)"
-    source = (provenance.get("workload") or {}).get("source")
-    if source and Path(source).is_file():
-        return load_trace(source), f"{source} (the trace {args.config} was tuned on)"
-    raise AutotuneError(
-        f"{args.config}: key 'additional-config.vllm_autotune.provenance.profile' is missing "
-        f"and the tuning trace {source!r} is not readable; pass --reference TRACE"
-    )
-
-
-def drift_thresholds(args: argparse.Namespace) -> Any:
-    from workloads.drift import DriftThresholds
-
-    given = {
-        "ks_statistic": args.ks_threshold,
-        "rate_change": args.rate_threshold,
-        "burstiness_change": args.burstiness_threshold,
-        "concurrency_change": args.concurrency_threshold,
-    }
-    try:
-        return DriftThresholds(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise AutotuneError(
-            f"drift threshold {first['loc'][0]} = {first.get('input')!r}: {first['msg']}"
-        ) from None
-
-
 def check_flags(args: argparse.Namespace) -> None:
     if args.trials < 1:
         raise AutotuneError(f"--trials {args.trials}: must be at least 1 (the deployed config)")
@@ -270,133 +215,6 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     if not args.current.exists():
         raise AutotuneError(f"--current {args.current}: no such trace file or recorder folder")
-
-
-# -- versions -------------------------------------------------------------------------------
-
-
-def existing_versions(directory: Path) -> list[int]:
-    if not directory.is_dir():
-        return []
-    return sorted(int(m[1]) for p in directory.iterdir() if (m := VERSION.match(p.name)))
-
-
-def next_version(directory: Path) -> int:
-    versions = existing_versions(directory)
-    return (versions[-1] if versions else 0) + 1
-
-
-def atomic_copy(source: Path, target: Path) -> None:
-    """`target` becomes a copy of `source` in one step (temp file in its folder + rename)."""
-    with atomic_file(target, "wb", shared=True) as out, open(source, "rb") as src:
-        shutil.copyfileobj(src, out)
-
-
-# -- warm start -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WarmStart:
-    """A trial enqueued before the sampler's own: Optuna params and why."""
-
-    params: dict[str, Any]
-    why: str
-
-
-def step_values(param: Any, value: Any) -> list[Any]:
-    """Values one step below and above `value` in the parameter's own terms."""
-    if param.type == "categorical":
-        return [choice for choice in param.choices if choice != value]
-    if param.type == "pow2":
-        candidates: list[Any] = [int(value) // 2, int(value) * 2]
-    elif param.type == "int":
-        if param.log:
-            candidates = [max(1, round(value / 2)), int(value) * 2]
-        else:
-            step = max(int(param.step or 1), round(0.1 * (param.high - param.low)))
-            candidates = [int(value) - step, int(value) + step]
-    else:
-        delta = 0.1 * (param.high - param.low)
-        candidates = [round(value - delta, 4), round(value + delta, 4)]
-    return [c for c in candidates if c != value and param.contains(c)]
-
-
-def neighbours(space: Any, engine: dict[str, Any]) -> list[WarmStart]:
-    """The configs one step from `engine` along each searched parameter, the others kept;
-    interleaved (down, up per parameter) so a small budget still covers every parameter."""
-    base = space.fixed_params(engine)
-    found: list[WarmStart] = []
-    for name, param in space.params.items():
-        value = engine.get(name)
-        if value is None or not param.contains(value):
-            continue
-        for candidate in step_values(param, value):
-            context = {**engine, name: candidate}
-            if space.broken_relations(context):
-                continue
-            params = {**base, **space.fixed_params({name: candidate})}
-            found.append(WarmStart(params, f"neighbour {name} {value} -> {candidate}"))
-    return found
-
-
-def previous_best(deployed: ServerConfig, space: Any, engine: dict[str, Any]) -> list[WarmStart]:
-    """The previous study's best feasible trials, if its storage is still reachable."""
-    import optuna
-
-    from autotune.trial_records import feasible, is_baseline
-
-    study_info = (deployed.provenance or {}).get("study") or {}
-    name, storage = study_info.get("name"), study_info.get("storage")
-    if not name or not storage:
-        return []
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-        return []  # do not let optuna create an empty database where the old one was
-    try:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.load_study(study_name=name, storage=storage)
-    except Exception as error:  # noqa: BLE001 - a missing old study only costs the warm start
-        print(
-            f"autotune: note: previous study {name!r} not readable ({error}); "
-            "warm start from neighbours only",
-            file=sys.stderr,
-        )
-        return []
-    trials = [t for t in study.get_trials(deepcopy=False) if feasible(t)]
-    # Best first in the old study's own direction (min-memory: least memory first).
-    minimize = [d.name for d in study.directions] == ["MINIMIZE"]
-    trials.sort(key=lambda t: ((1 if minimize else -1) * float(t.user_attrs.get("score", 0.0)), t.number))
-    found = []
-    for trial in trials:
-        if is_baseline(trial):
-            continue
-        overrides = trial.user_attrs.get("overrides") or {}
-        params = space.fixed_params({**engine, **overrides})
-        found.append(WarmStart(params, f"previous study {name} trial {trial.number}"))
-    return found
-
-
-def warm_start_trials(
-    deployed: ServerConfig, space: Any, effective: dict[str, Any], limit: int
-) -> list[WarmStart]:
-    """At most `limit` distinct warm starts, none equal to the deployed config itself."""
-    engine = {**effective, **{k: v for k, v in deployed.engine.items() if v is not None}}
-    own = space.fixed_params(engine)
-    chosen: list[WarmStart] = []
-    seen = [own]
-    for group, cap in (
-        (previous_best(deployed, space, engine), PREVIOUS_BEST),
-        (neighbours(space, engine), limit),
-    ):
-        taken = 0
-        for start in group:
-            if len(chosen) >= limit or taken >= cap:
-                break
-            if start.params in seen:
-                continue
-            seen.append(start.params)
-            chosen.append(start)
-            taken += 1
-    return chosen
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -533,52 +351,6 @@ def run_study(plan: TuningPlan, warm: list[WarmStart], *, runner: Any) -> None:
     )
     resumed = plan.model_copy(update={"resume": True})  # opens the study just created, queue included
     pipeline.execute(resumed, runner=runner, reap=reap_stale_servers)
-
-
-def publish(
-    args: argparse.Namespace,
-    deployed: ServerConfig,
-    current: Any,
-    report: Any,
-    plan: TuningPlan,
-    warm: list[WarmStart],
-    out_dir: Path,
-    version: int,
-) -> int:
-    """Writes best-v{N}.yaml and best.yaml if the gate chose a config over the deployed one."""
-    from workloads.profile import profile_trace
-
-    work_dir = plan.output_dir
-    result = ServerConfig.load(work_dir / "best.yaml")
-    provenance = dict(result.provenance or {})
-    decision = provenance.get("decision") or {}
-    if decision.get("kept_baseline", True):
-        say(f"the deployed config stays: {decision.get('reason', 'no winner')}")
-        say(f"study and report: {work_dir}")
-        return EXIT_KEPT_DEPLOYED
-    provenance["profile"] = profile_trace(current).model_dump(mode="json")
-    provenance["retune"] = {
-        "version": version,
-        "previous_config": str(args.config),
-        "previous_date": (deployed.provenance or {}).get("date"),
-        "trigger": "drift" if report.drifted else "forced",
-        "drift": report.model_dump(mode="json"),
-        "warm_start": [start.why for start in warm],
-        "study_dir": str(work_dir),
-    }
-    # Serving settings as deployed (the recorder included), engine settings as tuned.
-    config = result.model_copy(update={"serving": deployed.serving, "provenance": None})
-    versioned = out_dir / f"best-v{version}.yaml"
-    export_best(versioned, config, provenance)
-    current_path = out_dir / "best.yaml"
-    if current_path.exists() and version == 1:
-        atomic_copy(current_path, out_dir / "best-v0.yaml")  # keep what ran before, for rollback
-    atomic_copy(versioned, current_path)
-    overrides = decision.get("overrides") or {}
-    say(header_text(provenance, versioned.name).splitlines()[1])
-    say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
-    say(f"wrote {versioned} and {current_path}; restart the servers to use it")
-    return EXIT_NEW_CONFIG
 
 
 def print_plan(

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import retune
+from autotune import retune, warm_start
 from autotune.capacity_check import CHECK_FILE
 from autotune.cli import USER_ERRORS, build_parser
 from autotune.errors import NothingMeasured
@@ -247,7 +247,7 @@ def test_a_config_without_a_reference_asks_for_one(tmp_path, traces, capsys) -> 
 def test_neighbours_step_each_parameter_within_the_space() -> None:
     space = SearchSpace.default("cpu")
     engine = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.3}
-    found = {start.why for start in retune.neighbours(space, engine)}
+    found = {start.why for start in warm_start.neighbours(space, engine)}
     assert found == {
         "neighbour max_num_seqs 8 -> 4",
         "neighbour max_num_seqs 8 -> 16",
@@ -257,7 +257,7 @@ def test_neighbours_step_each_parameter_within_the_space() -> None:
         "neighbour gpu_memory_utilization 0.3 -> 0.315",
     }
     edge = {"max_num_seqs": 32, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.3}
-    whys = {start.why for start in retune.neighbours(space, edge)}
+    whys = {start.why for start in warm_start.neighbours(space, edge)}
     assert "neighbour max_num_seqs 32 -> 64" not in whys  # outside the space
     assert "neighbour max_num_seqs 32 -> 16" in whys
 
@@ -438,5 +438,5 @@ def test_warm_starts_from_a_min_memory_study_come_least_memory_first(tmp_path) -
     deployed = ServerConfig(engine=default_engine_settings(),
                             provenance={"study": {"name": "old", "storage": storage}})
     space = SearchSpace.default("cpu", wide_memory=True)
-    starts = retune.previous_best(deployed, space, {"gpu_memory_utilization": 0.3})
+    starts = warm_start.previous_best(deployed, space, {"gpu_memory_utilization": 0.3})
     assert [s.params["gpu_memory_utilization"] for s in starts] == [0.15, 0.2, 0.3]

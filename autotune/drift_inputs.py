@@ -1,0 +1,64 @@
+"""The drift check's inputs for `autotune retune`: the current traffic (a trace or the
+recorder's folder), the reference it is compared with, and the thresholds from the flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from autotune.errors import AutotuneError
+from server.config import ServerConfig
+from server.recorder import read_recording
+from workloads.trace_io import load_trace
+
+# SciPy (drift, profiles) is imported inside the functions: `autotune --help` imports this module.
+
+
+def load_current(path: Path) -> Any:
+    """The current traffic: a trace file, or a recorder folder (all its files, one time line)."""
+    if path.is_dir():
+        return read_recording(path)
+    return load_trace(path)
+
+
+def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tuple[Any, str]:
+    """(reference, where it came from): --reference, else the deployed config's stored
+    profile, else the trace the deployed config was tuned on if it is still there."""
+    from workloads.drift import load_reference
+    from workloads.profile import TraceProfile
+
+    if args.reference is not None:
+        return load_reference(args.reference), str(args.reference)
+    provenance = deployed.provenance or {}
+    if isinstance(provenance.get("profile"), dict):
+        profile = TraceProfile.model_validate(provenance["profile"])
+        if profile.length_sample.input_lengths:
+            return profile, f"{args.config} (provenance.profile)"
+    source = (provenance.get("workload") or {}).get("source")
+    if source and Path(source).is_file():
+        return load_trace(source), f"{source} (the trace {args.config} was tuned on)"
+    raise AutotuneError(
+        f"{args.config}: key 'additional-config.vllm_autotune.provenance.profile' is missing "
+        f"and the tuning trace {source!r} is not readable; pass --reference TRACE"
+    )
+
+
+def drift_thresholds(args: argparse.Namespace) -> Any:
+    from workloads.drift import DriftThresholds
+
+    given = {
+        "ks_statistic": args.ks_threshold,
+        "rate_change": args.rate_threshold,
+        "burstiness_change": args.burstiness_threshold,
+        "concurrency_change": args.concurrency_threshold,
+    }
+    try:
+        return DriftThresholds(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise AutotuneError(
+            f"drift threshold {first['loc'][0]} = {first.get('input')!r}: {first['msg']}"
+        ) from None
