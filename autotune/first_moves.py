@@ -140,15 +140,18 @@ def _move(
         value = 1 << max(0, int(round(target)).bit_length() - 1)  # a power of two at or below
     if value == current:
         return None
-    # The other knobs stay as the baseline's, clamped into the space (a baseline outside it,
-    # e.g. vLLM's 1024 sequences in a 1-32 space, is represented by the nearest bound).
-    values = {
-        name: _clamp(spec, baseline[name]) for name, spec in space.params.items() if name in baseline
-    }
-    values = {name: v for name, v in values.items() if v is not None}
+    values = _clamped_baseline(space, baseline)
     values[knob] = value
     label = f"{knob}={value}"
     return Move(name=label, why=why, values=values, knob=knob, factor=factor)
+
+
+def _clamped_baseline(space: SearchSpace, baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """The baseline's values, clamped into the space: the knobs a move leaves alone (a baseline
+    outside the space, e.g. vLLM's 1024 sequences in a 1-32 space, is represented by the
+    nearest bound)."""
+    values = {name: _clamp(spec, baseline[name]) for name, spec in space.params.items() if name in baseline}
+    return {name: v for name, v in values.items() if v is not None}
 
 
 def _clamp(param: ParamSpec, value: Any) -> Any:
@@ -191,11 +194,7 @@ def memory_descent(
     target = _on_grid(param, target)
     if any(abs(target - memory) < 1e-9 for memory, _ in points) or target >= lowest_met:
         return None
-    values = {
-        name: _clamp(spec, baseline_values[name]) for name, spec in space.params.items()
-        if name in baseline_values
-    }
-    values = {name: v for name, v in values.items() if v is not None}
+    values = _clamped_baseline(space, baseline_values)
     values[MEMORY] = target
     why = (f"met every SLO at {lowest_met:g}" + (f", missed at {max(missed_below):g}" if missed_below else "")
            + ": bisecting memory")

@@ -173,7 +173,7 @@ class GateRunner:
             if (measurement.candidate, measurement.repeat) != (name, repeat):
                 break
             matching.append(measurement)
-        per_round = len(order) // max(1, max((repeat for repeat, _ in order), default=0) + 1)
+        per_round = len({name for _, name in order})  # each config once per round
         done: list[Measurement] = []
         for start in range(0, len(matching), per_round):
             round_runs = matching[start:start + per_round]

@@ -6,6 +6,7 @@
 # hand-tuned config (16 / 8192 / 0.3) measured beside it. Requests over the 8192-token context
 # are dropped (--over-context drop). Background (setsid) and restartable like capacity-8b.sh.
 # Usage: shared-8b.sh KIT_DIR RUN_DIR [extra autotune run flags, e.g. --resume]
+# (env OBJECTIVE, STUDY, COMPARE, TRIALS, REPEATS, STEP_REQUESTS: min-memory-8b.sh sets them)
 set -euo pipefail
 kit=${1:?kit dir}; run=${2:?run dir}; shift 2
 source scripts/gpu/env.sh
@@ -14,10 +15,10 @@ mkdir -p "$run"
 cmd=(python3 -m autotune run --workload "$run/traffic.jsonl" --over-context drop
   --model "$kit/models/llama3.1-8b-shape" --load-format dummy --max-model-len 8192
   --baseline scripts/gpu/baseline-shared.yaml --space scripts/gpu/space-8b-shared.yaml
-  --compare scripts/gpu/handtuned.yaml
-  --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 --objective capacity --step-requests ${STEP_REQUESTS:-120}
+  ${COMPARE---compare scripts/gpu/handtuned.yaml}
+  --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 ${OBJECTIVE:---objective capacity} --step-requests ${STEP_REQUESTS:-120}
   --trials ${TRIALS:-4} --tuning-window 60 --holdout-window 60 --top-k 1 --repeats ${REPEATS:-3}
-  --study-name h100-llama8b-shared --output-dir "$run/study" --seed 0 "$@")
+  --study-name ${STUDY:-h100-llama8b-shared} --output-dir "$run/study" --seed 0 "$@")
 printf '%q ' "${cmd[@]}" > "$run/command.txt"; echo >> "$run/command.txt"
 setsid nohup "${cmd[@]}" >> "$run/study.log" 2>&1 < /dev/null &
 echo "started: $(cat "$run/command.txt")"
