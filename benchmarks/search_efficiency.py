@@ -136,7 +136,9 @@ class Table(BaseModel):
     def grid_keys(self) -> list[tuple[int, int]]:
         """Every grid point, in auto_tune.sh's order: max_num_seqs outer, batched tokens inner."""
         grid = self.settings["grid"]
-        return list(itertools.product(sorted(grid["max_num_seqs"]), sorted(grid["max_num_batched_tokens"])))
+        return [(s, b) for s, b in itertools.product(sorted(grid["max_num_seqs"]),
+                                                     sorted(grid["max_num_batched_tokens"]))
+                if launchable(s, b)]
 
     def grid_points(self) -> list[Point]:
         """The grid's measured points (the baseline among them when it is a grid point)."""
@@ -200,11 +202,23 @@ def point_config(baseline, seqs: int | None, batched: int | None):
     return baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
 
 
+def launchable(seqs: int, batched: int) -> bool:
+    """False for a point that breaks a built-in relation of the search space (vLLM refuses fewer
+    batched tokens than sequences): `autotune run` never launches it, so a grid leaves it out."""
+    from autotune.space import BUILTIN_RELATIONS, parse_relation
+
+    values = {"max_num_seqs": seqs, "max_num_batched_tokens": batched}
+    return all(parse_relation(text).check(values) is not False for text in BUILTIN_RELATIONS)
+
+
 def measurement_order(seqs: Sequence[int], batched: Sequence[int], defaults: tuple[int, int],
                       order_seed: int) -> list[tuple[str, int | None, int | None]]:
     """The baseline first, then every other grid point in a seeded random order (a slow
-    period of the shared machine then does not line up with one corner of the grid)."""
-    rest = [(f"s{s}-b{b}", s, b) for s, b in itertools.product(seqs, batched) if (s, b) != defaults]
+    period of the shared machine then does not line up with one corner of the grid). Points
+    that break a built-in relation of the search space (vLLM refuses fewer batched tokens than
+    sequences) are left out, as `autotune run` never launches them."""
+    rest = [(f"s{s}-b{b}", s, b) for s, b in itertools.product(seqs, batched)
+            if (s, b) != defaults and launchable(s, b)]
     rng = np.random.default_rng(order_seed)
     return [(BASELINE_LABEL, None, None)] + [rest[i] for i in rng.permutation(len(rest))]
 
@@ -977,8 +991,8 @@ def main() -> int:
     args.seeds = args.seeds or (5 if args.quick else 20)
     if args.tables is None:
         candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
-        if not args.quick:  # the GPU grids the headline runs commit (results/h100-DATE/SCENARIO/grid)
-            candidates += sorted(RESULTS.parent.glob("h100-*/*/grid"))
+        if not args.quick:  # the GPU grids the headline runs commit (results/h100-DATE/SCENARIO/grid, h200-...)
+            candidates += sorted(RESULTS.parent.glob("h[0-9]*-*/*/grid"))
         args.tables = [str(c) for c in candidates if (c / "table.json").exists()]
         if not args.tables:
             raise SystemExit("no measured table: run `measure` first")

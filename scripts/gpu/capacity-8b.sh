@@ -14,7 +14,7 @@ cmd=(python3 -m autotune run --workload "$run/traffic.jsonl"
   --space scripts/gpu/space-8b.yaml ${COMPARE:-}
   --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 --objective capacity --step-requests ${STEP_REQUESTS:-120}
   --trials ${TRIALS:-4} --tuning-window 60 --holdout-window 60 --top-k 1 --repeats ${REPEATS:-3}
-  --study-name h100-llama8b-code --output-dir "$run/study" --seed 0 "$@")
+  --study-name ${STUDY:-h100-llama8b-code} --output-dir "$run/study" --seed 0 "$@")
 printf '%q ' "${cmd[@]}" > "$run/command.txt"; echo >> "$run/command.txt"
 setsid nohup "${cmd[@]}" >> "$run/study.log" 2>&1 < /dev/null &
 echo "started: $(cat "$run/command.txt")"

@@ -224,3 +224,12 @@ def test_a_trace_outside_the_repository_is_recorded_by_its_full_path(bench: Modu
     assert bench.trace_name(inside) == "workloads/samples/translation_trace.jsonl"
     outside = tmp_path / "traffic.jsonl"
     assert bench.trace_name(outside) == str(outside.resolve())
+
+
+def test_a_grid_leaves_out_the_points_vllm_would_refuse(bench) -> None:
+    # 1024 sequences with a 512-token step budget: vLLM refuses to start such an engine, and
+    # `autotune run` never launches it; the grid must neither measure it nor wait for it.
+    order = bench.measurement_order([512, 1024], [512, 1024], (1024, 1024), order_seed=0)
+    assert sorted(label for label, _, _ in order[1:]) == ["s512-b1024", "s512-b512"]
+    table = bench.Table(settings={"grid": {"max_num_seqs": [512, 1024], "max_num_batched_tokens": [512, 1024]}})
+    assert (1024, 512) not in table.grid_keys() and len(table.grid_keys()) == 3
