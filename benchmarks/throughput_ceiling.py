@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from workloads.files import write_text_atomic  # noqa: E402
 from workloads.trace_io import load_trace  # noqa: E402
 from workloads.windows import select_windows  # noqa: E402
 
@@ -112,10 +111,7 @@ def main() -> int:
                 "model": args.model, "window": {"requests": len(holdout),
                 "recorded_rate": round(recorded, 3), "prompt_tokens": sum(inputs),
                 "output_tokens": sum(outputs), "start_s": info.holdout.start_s}, "runs": runs}
-    out = Path(args.out)
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(document, tmp, indent=2)
-    os.replace(tmp.name, out)
+    write_text_atomic(Path(args.out), json.dumps(document, indent=2))
     return 0 if runs else 1
 
 
