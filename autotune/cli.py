@@ -14,7 +14,7 @@ from autotune.errors import (
     HelpFormatter,
     NothingMeasured,
 )
-from autotune.signals import exit_code, stop_reason, stop_signals_as_interrupt
+from autotune.measure.signals import exit_code, stop_reason, stop_signals_as_interrupt
 from server.config import ConfigError
 from workloads.errors import WorkloadError
 

@@ -37,14 +37,14 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ValidationError
 
 from autotune import pipeline
+from autotune.decide.outcome import stop_if_baseline_failed
 from autotune.errors import AutotuneError
-from autotune.outcome import stop_if_baseline_failed
+from autotune.measure.server_registry import StaleServerRegistry, reap_stale_servers
 from autotune.plan import TuningPlan
 from autotune.redact import redact, redact_argv
-from autotune.server_registry import StaleServerRegistry, reap_stale_servers
-from autotune.study import TuningStudy
-from autotune.study_store import check_writable
-from autotune.trial_records import counts_toward_budget, trial_label
+from autotune.search.study import TuningStudy
+from autotune.search.study_store import check_writable
+from autotune.search.trial_records import counts_toward_budget, trial_label
 from workloads.files import write_text_atomic
 
 PLAN_ATTR = "shared_plan"

@@ -19,20 +19,20 @@ from typing import Any
 
 import optuna
 
+from autotune.decide.export import build_provenance, export_best, final_config
+from autotune.decide.outcome import baseline_problem, baseline_standing, stop_if_baseline_failed
+from autotune.decide.report import capacity_line, kept_summary, memory_line, write_report
+from autotune.decide.report_plots import ReportInputs
 from autotune.errors import NothingMeasured
-from autotune.export import build_provenance, export_best, final_config
-from autotune.gate import BASELINE, GateDecision, Measurement, decide
-from autotune.gate_runner import ValidationResult
-from autotune.ladder import recorded_rate
-from autotune.outcome import baseline_problem, baseline_standing, stop_if_baseline_failed
+from autotune.measure.ladder import recorded_rate
+from autotune.measure.trial import TrialRunner
 from autotune.plan import TuningPlan
 from autotune.progress import format_duration, say
 from autotune.redact import redact, redact_argv
-from autotune.report import capacity_line, kept_summary, memory_line, write_report
-from autotune.report_plots import ReportInputs
-from autotune.study import TuningStudy
-from autotune.study_store import StudyOptions
-from autotune.trial import TrialRunner
+from autotune.search.gate import BASELINE, GateDecision, Measurement, decide
+from autotune.search.gate_runner import ValidationResult
+from autotune.search.study import TuningStudy
+from autotune.search.study_store import StudyOptions
 
 
 def study_options(plan: TuningPlan) -> StudyOptions:

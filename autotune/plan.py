@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_serializer, model_validator
 
-from autotune.ladder import LadderSettings
-from autotune.objective import Objective, parse_objective
-from autotune.servers import TrialServer
-from autotune.space import ParamSpec, SearchSpace, parse_relation
+from autotune.measure.ladder import LadderSettings
+from autotune.measure.servers import TrialServer
+from autotune.search.objective import Objective, parse_objective
+from autotune.search.space import ParamSpec, SearchSpace, parse_relation
 from server.config import ServerConfig
 from workloads.slo import SLO, parse_slos
 from workloads.trace import Trace, TraceRequest
@@ -145,7 +145,7 @@ class TuningPlan(BaseModel):
     storage: str | None = None  # an Optuna RDB URL; None: sqlite:///OUTPUT_DIR/study.db
     resume: bool = False
     # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
-    # from another machine: autotune.gate_runner).
+    # from another machine: autotune.search.gate_runner).
     resume_gate: bool = False
 
     @property

@@ -12,13 +12,13 @@ from typing import Any
 
 from autotune import preflight
 from autotune.errors import AutotuneError
-from autotune.ladder import LadderSettings
-from autotune.objective import MEMORY_KNOB, default_slos, parse_objective
+from autotune.measure.ladder import LadderSettings
+from autotune.measure.servers import labelled
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
-from autotune.servers import labelled
-from autotune.space import SearchSpace, engine_argument_names
-from autotune.study_store import check_writable
+from autotune.search.objective import MEMORY_KNOB, default_slos, parse_objective
+from autotune.search.space import SearchSpace, engine_argument_names
+from autotune.search.study_store import check_writable
 from server.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MODEL_DIR,

@@ -7,7 +7,7 @@
    `--force`: exit 0, nothing launched.
 2. Capacity check (capacity objective, drift, no `--force`): the deployed config is launched
    once and its capacity measured on the current traffic's tuning window by the load ladder
-   (autotune.capacity_check), into `deployed-capacity.json` in the re-tune's folder. While it
+   (autotune.decide.capacity_check), into `deployed-capacity.json` in the re-tune's folder. While it
    carries at least `--headroom` H times the current recorded rate it stays: exit 11, no study.
    Below H the study runs, with that measurement as its trial 0 (the baseline is not launched
    again). Under the other objectives (goodput, throughput, pareto) every drift re-tunes.
@@ -42,8 +42,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.decide.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
 from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
+from autotune.measure.server_registry import reap_stale_servers
+from autotune.measure.servers import add_server_flags, deployed_server, trial_server
 from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
@@ -52,21 +55,18 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
-from autotune.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
-from autotune.server_registry import reap_stale_servers
-from autotune.servers import add_server_flags, deployed_server, trial_server
-from autotune.warm_start import WarmStart, warm_start_trials
+from autotune.search.warm_start import WarmStart, warm_start_trials
 from server.config import ServerConfig
 from workloads.trace_io import TraceWarning, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
 # that use them: `autotune --help` registers this command's flags and needs none of them.
 if TYPE_CHECKING:
-    from autotune.capacity_check import CapacityCheck, PremeasuredRunner
+    from autotune.decide.capacity_check import CapacityCheck, PremeasuredRunner
 
 EXIT_NO_DRIFT = 0
 EXIT_DRY_RUN_DRIFT = 3  # as `autotune drift`
-# EXIT_NEW_CONFIG = 10, EXIT_KEPT_DEPLOYED = 11: autotune.publish's, imported above
+# EXIT_NEW_CONFIG = 10, EXIT_KEPT_DEPLOYED = 11: autotune.decide.publish's, imported above
 DEFAULT_WARM_START = 4
 
 
@@ -223,8 +223,8 @@ def check_flags(args: argparse.Namespace) -> None:
 def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     """The CLI entry; `runner` replaces the TrialRunner (tests)."""
     from autotune import pipeline
-    from autotune.capacity_check import CHECK_FILE
-    from autotune.study_store import check_writable
+    from autotune.decide.capacity_check import CHECK_FILE
+    from autotune.search.study_store import check_writable
     from workloads.drift import compare
 
     check_flags(args)
@@ -326,7 +326,7 @@ def measure_deployed(
     Returns the check (also written to deployed-capacity.json) and the runner for the study,
     which answers the baseline trial with this measurement instead of a second launch."""
     from autotune import pipeline
-    from autotune.capacity_check import CHECK_FILE, DeployedCapacityCheck, PremeasuredRunner
+    from autotune.decide.capacity_check import CHECK_FILE, DeployedCapacityCheck, PremeasuredRunner
 
     tuning = pipeline.build_study(plan, runner=runner)  # measures nothing: names and config
     config, trial_dir = tuning.trial_config({}), tuning.trial_dir(0)
@@ -363,7 +363,7 @@ def print_plan(
     headroom: float | None = None,
 ) -> None:
     """`headroom`: the capacity check's H, None when no check would run."""
-    from autotune.ladder import recorded_rate
+    from autotune.measure.ladder import recorded_rate
 
     tuning, holdout = plan.tuning_window, plan.holdout_window
     say(f"dry run ({why}): no server started. The re-tune would:")

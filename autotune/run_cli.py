@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
+from autotune.measure.server_registry import reap_stale_servers
+from autotune.measure.servers import add_server_flags, trial_server
 from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
@@ -19,8 +21,6 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
-from autotune.server_registry import reap_stale_servers
-from autotune.servers import add_server_flags, trial_server
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="another config to measure beside the baseline and the top K on the held-out "
              "window (repeatable; e.g. your hand-tuned config); reported, never exported")
     add("--space", type=Path, default=None, metavar="FILE.yaml",
-        help="widen/narrow/add searched engine arguments and relations (see autotune/space.py)")
+        help="widen/narrow/add searched engine arguments and relations (see autotune/search/space.py)")
     add("--slo", action="append", default=None, metavar="METRIC_pPCT_ms=MS",
         help="an SLO, repeatable, e.g. --slo ttft_p95_ms=500 (default on CPU: "
              "ttft_p95_ms=1000 and tpot_p95_ms=100; on GPU: ttft_p95_ms=500 and tpot_p95_ms=50)")

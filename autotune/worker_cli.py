@@ -81,7 +81,7 @@ def worker_command(args: argparse.Namespace) -> int:
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
                       grace_period_s=args.grace_period, max_retry=args.max_retry)
     # SIGTERM (a pod being deleted) and SIGHUP stop the trial's server and hand the trial back,
-    # as Ctrl-C does: autotune.cli runs every command under autotune.signals.
+    # as Ctrl-C does: autotune.cli runs every command under autotune.measure.signals.
     run_worker(
         storage,
         args.study,

@@ -2,7 +2,7 @@
 three separate launches, and their spread (goal <= 10%), beside `max_num_seqs=1` (which must
 carry less) and the ladder's own cost: launches, steps, seconds per capacity point.
 
-Each run is one `autotune.trial.TrialRunner` trial with the capacity ladder, on the tuning
+Each run is one `autotune.measure.trial.TrialRunner` trial with the capacity ladder, on the tuning
 window `autotune run` would choose from the sample trace, the CPU default SLOs, the CPU ladder
 settings. Launches alternate (defaults, one-seq, defaults, ...) so slow drift of the machine
 hits both alike.
@@ -22,9 +22,9 @@ from typing import Any
 
 from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
-from autotune.ladder import LadderSettings
-from autotune.objective import default_slos
-from autotune.trial import TrialRunner
+from autotune.measure.ladder import LadderSettings
+from autotune.measure.trial import TrialRunner
+from autotune.search.objective import default_slos
 from server.config import ServerConfig, default_engine_settings
 from workloads.trace_io import load_trace
 from workloads.windows import select_windows

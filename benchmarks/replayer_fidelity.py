@@ -251,7 +251,7 @@ def echo_target(window, work: Path, args: argparse.Namespace) -> dict:
 
 
 def engine_target(window, work: Path, args: argparse.Namespace) -> dict:
-    from autotune.launcher import ServerLauncher
+    from autotune.measure.launcher import ServerLauncher
     from server.config import ServerConfig, ServingSettings
     from workloads.replay import replay
     from workloads.trace import Trace, TraceRequest

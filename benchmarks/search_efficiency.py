@@ -16,7 +16,7 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
 2. `replay`: the strategies are run over each measured table for 20 seeds; a trial is answered
    with the measured outcome of its point (the baseline's ladder included, so our first moves
    read what they would read live) and charged that point's measured wall-clock cost on a
-   virtual clock. Strategies: ours (autotune.study.TuningStudy as `autotune run` builds it,
+   virtual clock. Strategies: ours (autotune.search.study.TuningStudy as `autotune run` builds it,
    with its default --trials: baseline, first moves, TPE), the same with as many trials as the
    grid has points, plain TPE (the same study without the first moves), random search (the grid
    in a seeded random order) and grid order (every point in auto_tune.sh's nested-loop order).
@@ -205,7 +205,7 @@ def point_config(baseline, seqs: int | None, batched: int | None):
 def launchable(seqs: int, batched: int) -> bool:
     """False for a point that breaks a built-in relation of the search space (vLLM refuses fewer
     batched tokens than sequences): `autotune run` never launches it, so a grid leaves it out."""
-    from autotune.space import BUILTIN_RELATIONS, parse_relation
+    from autotune.search.space import BUILTIN_RELATIONS, parse_relation
 
     values = {"max_num_seqs": seqs, "max_num_batched_tokens": batched}
     return all(parse_relation(text).check(values) is not False for text in BUILTIN_RELATIONS)
@@ -238,12 +238,12 @@ def measure(args: argparse.Namespace) -> int:
 
 def measure_capacity(args: argparse.Namespace) -> int:
     from autotune.cli import build_parser
-    from autotune.first_moves import limiting_slo
-    from autotune.ladder import recorded_rate
-    from autotune.objective import Objective, evaluate
+    from autotune.measure.ladder import recorded_rate
     from autotune.pipeline import build_runner
     from autotune.prepare import prepare_plan
     from autotune.run_cli import run_request
+    from autotune.search.first_moves import limiting_slo
+    from autotune.search.objective import Objective, evaluate
     from server.engine import effective_settings, resolve_engine_config
 
     table_dir = Path(args.table)
@@ -265,7 +265,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
         # Only when given, so tables measured before the flag existed still resume.
         **({"run_args": list(args.run_args)} if args.run_args else {}),
         "measured_as": "autotune run --workload TRACE (every other flag at its default): one "
-                       "trial = one engine launch + the capacity ladder (autotune.trial.TrialRunner)",
+                       "trial = one engine launch + the capacity ladder (autotune.measure.trial.TrialRunner)",
         "window_start_s": window["start_s"],
         "window_recorded_s": window["end_s"] - window["start_s"],
         "window_requests": len(tuning),
@@ -373,8 +373,8 @@ def relative_dir(folder: Path) -> str:
 
 def measure_goodput(args: argparse.Namespace) -> int:
     """The older table: one timed replay of a 15 s window per point, scored by goodput."""
-    from autotune.objective import Objective, default_slos, evaluate
-    from autotune.trial import TrialRunner
+    from autotune.measure.trial import TrialRunner
+    from autotune.search.objective import Objective, default_slos, evaluate
     from server.config import ServerConfig, default_engine_settings
     from server.engine import effective_settings, resolve_engine_config
     from workloads.trace_io import load_trace
@@ -397,7 +397,7 @@ def measure_goodput(args: argparse.Namespace) -> int:
         "objective": "goodput",
         "request_timeout_s": args.request_timeout,
         "grid": {"max_num_seqs": list(args.seqs), "max_num_batched_tokens": list(args.batched)},
-        "measurement": "autotune.trial.TrialRunner (timed replay, 4 warm-up requests), one run per point",
+        "measurement": "autotune.measure.trial.TrialRunner (timed replay, 4 warm-up requests), one run per point",
     }
     table = Table.model_validate_json(table_path.read_text()) if table_path.exists() else Table(settings=settings)
     if table.points and table.settings != settings:
@@ -461,7 +461,7 @@ class VirtualClock:
 
 
 class TableRunner:
-    """Answers a trial with the measured outcome of its grid point (autotune.gate_runner.Runner).
+    """Answers a trial with the measured outcome of its grid point (autotune.search.gate_runner.Runner).
 
     A capacity outcome's ladder is also written to the trial folder as `ladder.json`, where the
     study reads the baseline's to choose its first moves (as TrialRunner writes it live)."""
@@ -473,7 +473,7 @@ class TableRunner:
         self.calls: list[Point] = []
 
     def run(self, config, window, trial_dir, *, should_prune=None, start_speedup=None):
-        from autotune.trial import TrialOutcome
+        from autotune.measure.trial import TrialOutcome
 
         key = (
             int(config.engine.get("max_num_seqs") or self.defaults["max_num_seqs"]),
@@ -497,7 +497,7 @@ class Replay:
     """What a replayed study needs besides the table: built once per table."""
 
     table: Table
-    objective: Any  # autotune.objective.Objective
+    objective: Any  # autotune.search.objective.Objective
     slos: list[Any]
     window: Any  # the tuning window (Trace); the study reads it only for ladder hints and ETAs
     defaults: dict[str, Any]  # vLLM's resolved defaults for the baseline
@@ -505,7 +505,7 @@ class Replay:
 
     @classmethod
     def of(cls, table: Table, table_dir: Path) -> Replay:
-        from autotune.objective import Objective
+        from autotune.search.objective import Objective
         from server.config import ServerConfig
         from workloads.slo import parse_slos
         from workloads.trace_io import load_trace
@@ -532,7 +532,7 @@ class Replay:
 
 
 def replay_space(table: Table):
-    from autotune.space import ParamSpec, SearchSpace
+    from autotune.search.space import ParamSpec, SearchSpace
 
     check_powers_of_two(table.settings)
     grid = table.settings["grid"]
@@ -547,7 +547,7 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
     to the grid); `first_moves=False`: plain TPE from the baseline on. The points it launched."""
     import optuna
 
-    from autotune.study import StudyOptions, TuningStudy
+    from autotune.search.study import StudyOptions, TuningStudy
 
     class PlainTPEStudy(TuningStudy):
         """The same study without the first phase of one-knob moves."""
@@ -732,7 +732,7 @@ def conditions(table: Table) -> dict[str, Any]:
     for point in table.points:
         path = point.outcome_path()
         if table.objective == "capacity" and path.exists():
-            from autotune.trial import TrialOutcome
+            from autotune.measure.trial import TrialOutcome
 
             outcome = TrialOutcome.model_validate_json(path.read_text())
             steps = outcome.capacity.steps if outcome.capacity is not None else []
@@ -779,13 +779,13 @@ def replay(args: argparse.Namespace) -> int:
         "cost (engine start, warm-up, ladder or window, teardown) on a virtual clock. No engine ran "
         "during the replay. The 'GPU-seconds' of the issue are these engine wall-seconds (on CPU, "
         "the CPU engine's).",
-        f"Ours = autotune.study.TuningStudy as `autotune run` builds it with its defaults: "
+        f"Ours = autotune.search.study.TuningStudy as `autotune run` builds it with its defaults: "
         f"--trials {DEFAULT_TRIALS} (the baseline included), the objective and SLOs the table was "
         f"measured with (capacity: the default objective; CPU SLOs, or the GPU table's own), seeds 0-{len(seeds) - 1} "
         f"(`--seed N`; 0 is the default). The search space is the grid itself (each knob every power "
         f"of two from its lowest to its highest grid value): `autotune run`'s default space is "
         f"wider than any measured grid. The gate is not replayed.",
-        "First moves (autotune.first_moves) need a capacity ladder: on the goodput table they "
+        "First moves (autotune.search.first_moves) need a capacity ladder: on the goodput table they "
         "never fire, and ours is plain TPE there.",
         "Plain TPE = the same study without the first moves (baseline first, then TPE). Random = "
         "every grid point once in a seeded random order. Grid order = every point in auto_tune.sh's "

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
-from autotune.server_start import free_port
+from autotune.measure.server_start import free_port
 from server.config import ServerConfig, ServingSettings
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")

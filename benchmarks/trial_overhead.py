@@ -7,7 +7,7 @@ that does not measure anything.
    one-second resolution): our server's imports, the engine-core process, the worker process,
    the engine's own init (model load, KV cache, profiling), and the rest until /health is 200.
 2. Engine-start variants, started one at a time with the tuner's own launcher
-   (autotune.launcher.ServerLauncher), each followed by a short closed-loop throughput check:
+   (autotune.measure.launcher.ServerLauncher), each followed by a short closed-loop throughput check:
      eager             the tuner's CPU default (enforce_eager: no torch.compile)
      compile_cold      enforce_eager false, empty vLLM cache (VLLM_CACHE_ROOT)
      compile_warm      enforce_eager false, same config again on that cache (what a kept
@@ -148,7 +148,7 @@ def variant_config(name: str):
 
 
 def start_variant(name: str, work: Path, cache_root: Path, run: int) -> dict[str, Any]:
-    from autotune.launcher import ServerLauncher, ServerStartFailed
+    from autotune.measure.launcher import ServerLauncher, ServerStartFailed
     from workloads.replay import replay
     from workloads.trace import Trace, TraceRequest
 
@@ -244,7 +244,7 @@ def main() -> int:
                   target="as small as possible (no number given in the issue)", measured=share, met=None)]
     notes = [
         f"Real trials: the {s['trials']} trials of the search-efficiency grid ({trials['table']}), "
-        "each a full autotune.trial.TrialRunner run (4 warm-up requests, then the window).",
+        "each a full autotune.measure.trial.TrialRunner run (4 warm-up requests, then the window).",
         "Start breakdown: vLLM's log lines carry one-second timestamps; each phase is the gap "
         "between the first line of one process and the first line of the next, so each figure is "
         "+-1 s. server_imports_s = spawn -> our server's first vLLM log line (Python, torch and "

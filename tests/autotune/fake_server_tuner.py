@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune import trial
 from autotune.cli import main
+from autotune.measure import trial
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 

@@ -12,12 +12,12 @@ import pytest
 from autotune import prepare
 from autotune.cli import main
 from autotune.errors import AutotuneError
-from autotune.objective import default_slos, parse_objective
+from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.plan import DEFAULT_TRIALS
-from autotune.space import SearchSpace
-from autotune.study import StudyOptions, TuningStudy
-from autotune.trial import TrialOutcome, TrialTiming
-from autotune.trial_records import engine_devices
+from autotune.search.objective import default_slos, parse_objective
+from autotune.search.space import SearchSpace
+from autotune.search.study import StudyOptions, TuningStudy
+from autotune.search.trial_records import engine_devices
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.trace import Trace, TraceRequest

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.export import build_provenance, export_best, final_config
-from autotune.gate import BASELINE, Measurement, decide
-from autotune.objective import parse_objective
+from autotune.decide.export import build_provenance, export_best, final_config
+from autotune.search.gate import BASELINE, Measurement, decide
+from autotune.search.objective import parse_objective
 from server.config import ServerConfig, ServingSettings, default_engine_settings
 from workloads.slo import parse_slos
 

@@ -29,9 +29,9 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotune.launcher import ServerLauncher, ServerStartFailed
-from autotune.server_registry import StaleServerRegistry
-from autotune.server_start import free_port
+from autotune.measure.launcher import ServerLauncher, ServerStartFailed
+from autotune.measure.server_registry import StaleServerRegistry
+from autotune.measure.server_start import free_port
 from server.config import ServerConfig, default_engine_settings
 
 pytestmark = pytest.mark.engine

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from autotune.first_moves import first_moves, limiting_slo
-from autotune.ladder import CapacityResult, LadderStep
-from autotune.scraper import ServerMetrics
-from autotune.space import ParamSpec, SearchSpace
+from autotune.measure.ladder import CapacityResult, LadderStep
+from autotune.measure.scraper import ServerMetrics
+from autotune.search.first_moves import first_moves, limiting_slo
+from autotune.search.space import ParamSpec, SearchSpace
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
 
@@ -70,9 +70,9 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
     import math
     from pathlib import Path
 
-    from autotune.objective import Objective
-    from autotune.study import StudyOptions, TuningStudy
-    from autotune.trial import TrialOutcome
+    from autotune.measure.trial import TrialOutcome
+    from autotune.search.objective import Objective
+    from autotune.search.study import StudyOptions, TuningStudy
     from server.config import ServerConfig
     from workloads.trace import Trace, TraceRequest
 
@@ -115,7 +115,7 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
 
 
 def test_memory_descent_bisects_between_the_least_memory_that_met_and_the_most_that_missed() -> None:
-    from autotune.first_moves import memory_descent
+    from autotune.search.first_moves import memory_descent
 
     space = SearchSpace({"gpu_memory_utilization": ParamSpec(type="float", low=0.1, high=0.3)}, [])
     base = {"gpu_memory_utilization": 0.3}
@@ -137,9 +137,9 @@ def test_memory_descent_bisects_between_the_least_memory_that_met_and_the_most_t
 def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_path) -> None:
     from pathlib import Path
 
-    from autotune.objective import parse_objective
-    from autotune.study import StudyOptions, TuningStudy
-    from autotune.trial import TrialOutcome
+    from autotune.measure.trial import TrialOutcome
+    from autotune.search.objective import parse_objective
+    from autotune.search.study import StudyOptions, TuningStudy
     from server.config import ServerConfig
     from workloads.trace import Trace, TraceRequest
 

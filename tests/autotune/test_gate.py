@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.gate import (
+from autotune.search.gate import (
     BASELINE,
     Measurement,
     bootstrap_median_diff,

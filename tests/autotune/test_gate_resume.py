@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.objective import Objective
-from autotune.space import ParamSpec, SearchSpace
-from autotune.study import StudyOptions, TuningStudy
-from autotune.trial import TrialOutcome
+from autotune.measure.trial import TrialOutcome
+from autotune.search.objective import Objective
+from autotune.search.space import ParamSpec, SearchSpace
+from autotune.search.study import StudyOptions, TuningStudy
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo

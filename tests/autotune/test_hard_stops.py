@@ -255,7 +255,7 @@ SPAWNER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from autotune.launcher import ServerLauncher
+    from autotune.measure.launcher import ServerLauncher
     stand_in, config, log = sys.argv[1:4]
     server = ServerLauncher(command=[sys.executable, stand_in]).spawn(Path(config), Path(log), port=1)
     print(server.pid, flush=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.ladder import (
+from autotune.measure.ladder import (
     CapacityResult,
     LadderSettings,
     LadderStep,
@@ -19,8 +19,8 @@ from autotune.ladder import (
     recorded_rate,
     step_trace,
 )
-from autotune.objective import Objective, evaluate
-from autotune.trial import TrialRunner
+from autotune.measure.trial import TrialRunner
+from autotune.search.objective import Objective, evaluate
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import SLO, parse_slo

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.ladder import LadderSettings
-from autotune.trial import TrialRunner
+from autotune.measure.ladder import LadderSettings
+from autotune.measure.trial import TrialRunner
 from server.config import ServerConfig, default_engine_settings
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest

@@ -15,10 +15,10 @@ import httpx
 import psutil
 import pytest
 
-import autotune.launcher as launcher_module
-from autotune.launcher import ServerLauncher, ServerStartFailed
-from autotune.server_registry import StaleServerRegistry, reap_stale_servers
-from autotune.server_start import SERVER_NICE, classify_exit, free_port, headline
+import autotune.measure.launcher as launcher_module
+from autotune.measure.launcher import ServerLauncher, ServerStartFailed
+from autotune.measure.server_registry import StaleServerRegistry, reap_stale_servers
+from autotune.measure.server_start import SERVER_NICE, classify_exit, free_port, headline
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 
@@ -305,8 +305,8 @@ TUNER_SCRIPT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from autotune.launcher import ServerLauncher
-    from autotune.server_registry import StaleServerRegistry
+    from autotune.measure.launcher import ServerLauncher
+    from autotune.measure.server_registry import StaleServerRegistry
     fake, config, log, registry = sys.argv[1:5]
     launcher = ServerLauncher(command=[sys.executable, fake],
                               registry=StaleServerRegistry(Path(registry)), study="s1")
@@ -357,7 +357,7 @@ def test_reap_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         registry = StaleServerRegistry(tmp_path / "servers.json")
-        from autotune.server_registry import RegisteredServer
+        from autotune.measure.server_registry import RegisteredServer
 
         created = psutil.Process(bystander.pid).create_time()
         registry.add(RegisteredServer(pid=bystander.pid, pgid=bystander.pid, create_time=created + 100))

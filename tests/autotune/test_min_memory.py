@@ -10,12 +10,12 @@ import optuna
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.gate import BASELINE, Measurement, decide_min_memory
-from autotune.kv_cache import KVCacheSize, parse_kv_cache, read_kv_cache
-from autotune.ladder import CapacityResult, LadderSettings, LadderStep
-from autotune.objective import evaluate, invalid_config_evaluation, parse_objective
-from autotune.space import SearchSpace
-from autotune.trial import TrialOutcome
+from autotune.measure.kv_cache import KVCacheSize, parse_kv_cache, read_kv_cache
+from autotune.measure.ladder import CapacityResult, LadderSettings, LadderStep
+from autotune.measure.trial import TrialOutcome
+from autotune.search.gate import BASELINE, Measurement, decide_min_memory
+from autotune.search.objective import evaluate, invalid_config_evaluation, parse_objective
+from autotune.search.space import SearchSpace
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos
 
@@ -182,7 +182,7 @@ FIGURES = {"headroom": 1.5, "measured_on": "held-out window, every repeat of the
 
 
 def test_the_memory_line_names_the_winner_the_kept_baseline_or_a_baseline_that_misses() -> None:
-    from autotune.report import memory_line
+    from autotune.decide.report import memory_line
 
     won = {**FIGURES, "winner_gpu_memory_utilization": 0.15, "winner_kv_cache_gib": 1.2,
            "winner_kv_cache_tokens": 9_800}

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.objective import evaluate, parse_objective
-from autotune.trial import TrialOutcome
+from autotune.measure.trial import TrialOutcome
+from autotune.search.objective import evaluate, parse_objective
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos
 

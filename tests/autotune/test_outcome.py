@@ -19,10 +19,10 @@ from autotune import retune
 from autotune.cli import build_parser
 from autotune.distributed import WorkerIdentity, connect, create_shared_study, finalize, run_worker
 from autotune.errors import NothingMeasured
+from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.pipeline import execute
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.prepare import prepare_plan
-from autotune.trial import TrialOutcome, TrialTiming
 from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.replay_summary import ReplaySummary

@@ -214,7 +214,7 @@ def test_the_stored_plan_records_what_the_pre_flight_changed(tmp_path: Path, cap
                  "--output-dir", str(tmp_path / "p")]) == 0
     capsys.readouterr()
     workload = load_shared(optuna.storages.get_storage(url), "p", url, tmp_path / "worker").workload
-    from autotune.export import preflight_lines
+    from autotune.decide.export import preflight_lines
 
     [line] = [line for line in preflight_lines(workload) if "capped" in line]
     assert "(--over-context cap)" in line and json.dumps(workload["preflight"])  # JSON-able

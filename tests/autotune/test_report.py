@@ -6,13 +6,13 @@ import json
 import math
 from pathlib import Path
 
-from autotune.export import build_provenance
-from autotune.objective import parse_objective
-from autotune.report import write_report
-from autotune.report_plots import ReportInputs
-from autotune.space import SearchSpace
-from autotune.study import StudyOptions, TuningStudy
-from autotune.trial import TrialOutcome, TrialTiming
+from autotune.decide.export import build_provenance
+from autotune.decide.report import write_report
+from autotune.decide.report_plots import ReportInputs
+from autotune.measure.trial import TrialOutcome, TrialTiming
+from autotune.search.objective import parse_objective
+from autotune.search.space import SearchSpace
+from autotune.search.study import StudyOptions, TuningStudy
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos

@@ -14,13 +14,14 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import retune, warm_start
-from autotune.capacity_check import CHECK_FILE
+from autotune import retune
 from autotune.cli import USER_ERRORS, build_parser
+from autotune.decide.capacity_check import CHECK_FILE
 from autotune.errors import NothingMeasured
-from autotune.ladder import CapacityResult, LadderStep, recorded_rate
-from autotune.space import SearchSpace
-from autotune.trial import TrialOutcome, TrialTiming
+from autotune.measure.ladder import CapacityResult, LadderStep, recorded_rate
+from autotune.measure.trial import TrialOutcome, TrialTiming
+from autotune.search import warm_start
+from autotune.search.space import SearchSpace
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.replay_summary import ReplaySummary

@@ -1,4 +1,4 @@
-"""Prometheus parsing, before/after diffs and histogram estimates (autotune.scraper)."""
+"""Prometheus parsing, before/after diffs and histogram estimates (autotune.measure.scraper)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.scraper import (
+from autotune.measure.scraper import (
     KV_CACHE_USAGE,
     NUM_RUNNING,
     NUM_WAITING,

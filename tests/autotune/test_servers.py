@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune.decide.export import build_provenance, header_text
 from autotune.errors import AutotuneError
-from autotune.export import build_provenance, header_text
-from autotune.gate import GateDecision
-from autotune.objective import parse_objective
-from autotune.servers import TrialServer, deployed_server, trial_server
-from autotune.trial import TrialRunner
+from autotune.measure.servers import TrialServer, deployed_server, trial_server
+from autotune.measure.trial import TrialRunner
+from autotune.search.gate import GateDecision
+from autotune.search.objective import parse_objective
 from server.config import ServerConfig, ServingSettings, default_engine_settings
 from workloads.slo import parse_slos
 from workloads.trace import Trace, TraceRequest

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.server_registry import StaleServerRegistry
-from autotune.server_start import SERVER_NICE
-from autotune.trial import TrialOutcome
+from autotune.measure.server_registry import StaleServerRegistry
+from autotune.measure.server_start import SERVER_NICE
+from autotune.measure.trial import TrialOutcome
 from server.config import ServerConfig
 from workloads.replay_summary import RequestRecord
 from workloads.trace_io import load_trace

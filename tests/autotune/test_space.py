@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.space import SearchSpace, engine_argument_names, parse_relation
+from autotune.search.space import SearchSpace, engine_argument_names, parse_relation
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
-from autotune.objective import default_slos, parse_objective
-from autotune.space import ParamSpec, SearchSpace
-from autotune.study import StudyOptions, TuningStudy
-from autotune.trial import TrialOutcome, TrialTiming
+from autotune.measure.trial import TrialOutcome, TrialTiming
+from autotune.search.objective import default_slos, parse_objective
+from autotune.search.space import ParamSpec, SearchSpace
+from autotune.search.study import StudyOptions, TuningStudy
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo

@@ -14,8 +14,8 @@ import httpx
 import psutil
 import pytest
 
-from autotune.server_registry import StaleServerRegistry
-from autotune.trial import TrialOutcome, TrialRunner
+from autotune.measure.server_registry import StaleServerRegistry
+from autotune.measure.trial import TrialOutcome, TrialRunner
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary, RequestRecord
 from workloads.trace import Trace, TraceRequest

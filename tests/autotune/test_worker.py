@@ -36,12 +36,12 @@ from autotune.distributed import (
     run_worker,
 )
 from autotune.errors import AutotuneError
-from autotune.ladder import LadderSettings
-from autotune.objective import default_slos, parse_objective
+from autotune.measure.ladder import LadderSettings
+from autotune.measure.server_registry import RegisteredServer, StaleServerRegistry
+from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.plan import TuningPlan
-from autotune.server_registry import RegisteredServer, StaleServerRegistry
-from autotune.space import SearchSpace
-from autotune.trial import TrialOutcome, TrialTiming
+from autotune.search.objective import default_slos, parse_objective
+from autotune.search.space import SearchSpace
 from server.config import ServerConfig, default_engine_settings
 from workloads.replay_summary import ReplaySummary
 from workloads.trace import Trace, TraceRequest

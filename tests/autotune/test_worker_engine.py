@@ -24,8 +24,8 @@ import pytest
 from optuna.trial import TrialState
 from prometheus_client.parser import text_string_to_metric_families
 
-from autotune.server_registry import reap_stale_servers
-from autotune.trial_records import lost_worker
+from autotune.measure.server_registry import reap_stale_servers
+from autotune.search.trial_records import lost_worker
 from server.config import ServerConfig, default_engine_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from autotune.ladder import CapacityResult, LadderSettings, LadderStep
-from autotune.scraper import ServerMetrics
-from autotune.trial import TrialOutcome
+from autotune.measure.ladder import CapacityResult, LadderSettings, LadderStep
+from autotune.measure.scraper import ServerMetrics
+from autotune.measure.trial import TrialOutcome
 from workloads.replay_summary import ReplaySummary
 
 ROOT = Path(__file__).resolve().parents[2]

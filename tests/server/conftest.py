@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.server_start import free_port, yield_cpu_to_clients
+from autotune.measure.server_start import free_port, yield_cpu_to_clients
 from server.config import (
     RecorderSettings,
     ServerConfig,

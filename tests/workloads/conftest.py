@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.server_start import yield_cpu_to_clients
+from autotune.measure.server_start import yield_cpu_to_clients
 
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 

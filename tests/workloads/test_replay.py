@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from autotune.server_start import free_port
+from autotune.measure.server_start import free_port
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
 from workloads.replay import ReplayMode, client_session, replay

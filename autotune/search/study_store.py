@@ -30,9 +30,9 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
-from autotune.objective import Objective
-from autotune.space import SearchSpace
-from autotune.trial_records import lost_worker, trial_label
+from autotune.search.objective import Objective
+from autotune.search.space import SearchSpace
+from autotune.search.trial_records import lost_worker, trial_label
 from workloads.slo import SLO
 from workloads.trace import Trace
 
@@ -55,7 +55,7 @@ class StudyOptions:
     repeats: int = 3
     prune: bool = True
     # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
-    # from another machine: autotune.gate_runner)
+    # from another machine: autotune.search.gate_runner)
     # (finalize --again and retune always measure the gate afresh).
     resume_gate: bool = False
 

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.gate import (
+from autotune.measure.ladder import recorded_rate
+from autotune.search.gate import (
     BASELINE,
     GateDecision,
     Measurement,
@@ -27,10 +28,9 @@ from autotune.gate import (
     decide_min_memory,
     round_robin,
 )
-from autotune.ladder import recorded_rate
-from autotune.objective import Objective, evaluate
-from autotune.study_store import StudyOptions
-from autotune.trial_records import (
+from autotune.search.objective import Objective, evaluate
+from autotune.search.study_store import StudyOptions
+from autotune.search.trial_records import (
     feasible,
     is_baseline,
     memory_of,
@@ -47,7 +47,7 @@ from workloads.trace import Trace
 
 
 class Runner(Protocol):
-    """What the study needs of `autotune.trial.TrialRunner` (tests pass a fake)."""
+    """What the study needs of `autotune.measure.trial.TrialRunner` (tests pass a fake)."""
 
     def run(
         self,
@@ -126,7 +126,7 @@ class GateRunner:
         return chosen
 
     def decide(self, measurements: Sequence[Measurement]) -> GateDecision:
-        """The gate's rule for this study's objective (autotune.gate)."""
+        """The gate's rule for this study's objective (autotune.search.gate)."""
         if self.objective.kind == "min-memory":
             return decide_min_memory(measurements, headroom=float(self.objective.headroom or 1.0))
         return decide(measurements, seed=self.options.seed)

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from autotune.export import export_best, header_text
+from autotune.decide.export import export_best, header_text
 from autotune.plan import TuningPlan
 from autotune.progress import say
-from autotune.warm_start import WarmStart
+from autotune.search.warm_start import WarmStart
 from server.config import ServerConfig
 from workloads.files import atomic_file
 

@@ -1,6 +1,6 @@
 """The search: Optuna proposes, a TrialRunner measures, the objective scores; trial by trial
-until the trial, time or GPU-seconds budget is spent. The storage is `autotune.study_store`'s,
-the gate `autotune.gate_runner`'s, a trial's stored attributes `autotune.trial_records`'.
+until the trial, time or GPU-seconds budget is spent. The storage is `autotune.search.study_store`'s,
+the gate `autotune.search.gate_runner`'s, a trial's stored attributes `autotune.search.trial_records`'.
 
 Longer than ~400 lines, and `TuningStudy` longer than ~250, on purpose: what is left is one
 loop (ask, measure, tell; the budgets; waiting on other workers; the first phase's one-knob
@@ -32,21 +32,21 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent
-from autotune.gate_runner import GateRunner, Runner, ValidationResult
-from autotune.ladder import CapacityResult
-from autotune.objective import (
+from autotune.measure.ladder import CapacityResult
+from autotune.measure.signals import stop_reason
+from autotune.progress import format_duration, progress_line
+from autotune.search.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent
+from autotune.search.gate_runner import GateRunner, Runner, ValidationResult
+from autotune.search.objective import (
     CONFIG_FAILURES,
     Evaluation,
     Objective,
     evaluate,
     invalid_config_evaluation,
 )
-from autotune.progress import format_duration, progress_line
-from autotune.signals import stop_reason
-from autotune.space import POW2_PREFIX, SearchSpace
-from autotune.study_store import StudyOptions, StudyStore
-from autotune.trial_records import (
+from autotune.search.space import POW2_PREFIX, SearchSpace
+from autotune.search.study_store import StudyOptions, StudyStore
+from autotune.search.trial_records import (
     counts_toward_budget,
     describe_trial,
     engine_devices,
@@ -221,7 +221,7 @@ class TuningStudy:
 
     def queue_first_moves(self, study: optuna.Study) -> None:
         """Once the baseline's capacity is known, plan the one-knob moves its measurement
-        points to (autotune.first_moves), once per study. One move is queued at a time, so
+        points to (autotune.search.first_moves), once per study. One move is queued at a time, so
         that a move that paid off is followed a step further before the next idea.
         min-memory bisects memory instead (`_queue_memory_descent`)."""
         if self.objective.kind == "min-memory":
@@ -253,7 +253,7 @@ class TuningStudy:
         study.set_user_attr("pending_moves", [m.model_dump(mode="json") for m in pending])
 
     def _queue_memory_descent(self, study: optuna.Study) -> None:
-        """min-memory: queue the next memory of the bisection (autotune.first_moves.
+        """min-memory: queue the next memory of the bisection (autotune.search.first_moves.
         memory_descent) from the finished trials that changed memory alone."""
         trials = study.get_trials(deepcopy=False)
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
@@ -327,7 +327,7 @@ class TuningStudy:
         trials = study.get_trials(deepcopy=False)
         measured = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
         # A baseline whose trial failed (crash, errors) is measured again: nothing is judged
-        # without it (autotune.outcome).
+        # without it (autotune.decide.outcome).
         if any(is_baseline(t) and t.state in measured and not t.user_attrs.get("failure") for t in trials):
             return
         known = {**self.effective_defaults, **explicit_engine(self.baseline)}
@@ -407,7 +407,7 @@ class TuningStudy:
                 should_prune=None if baseline else self._prune_callback(trial),
                 **self.gate.ladder_start(study, self.tuning_window, None),
             )
-        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.measure.signals)
             closed = self._close_failed(study, trial, f"{stop_reason(stop)} during the trial; its server was stopped")
             if closed and self.on_interrupted is not None:
                 self.on_interrupted(study, study._storage.get_trial(trial._trial_id))

@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from autotune.ladder import CapacityResult, recorded_rate
-from autotune.trial import TrialOutcome
+from autotune.measure.ladder import CapacityResult, recorded_rate
+from autotune.measure.trial import TrialOutcome
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
 from workloads.trace import Trace

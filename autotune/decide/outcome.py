@@ -22,8 +22,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import NothingMeasured
-from autotune.gate import BASELINE, Measurement
-from autotune.trial_records import is_baseline, trial_label
+from autotune.search.gate import BASELINE, Measurement
+from autotune.search.trial_records import is_baseline, trial_label
 from workloads.slo import SLO
 
 

@@ -21,14 +21,14 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
-from autotune.server_registry import (
+from autotune.measure.server_registry import (
     RegisteredServer,
     StaleServerRegistry,
     _group_members,
     _is_gone,
     _signal_all,
 )
-from autotune.server_start import (
+from autotune.measure.server_start import (
     StartFailureKind,
     classify_exit,
     free_port,

@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from autotune.ladder import CapacityResult, LadderStep
-from autotune.space import ParamSpec, SearchSpace
+from autotune.measure.ladder import CapacityResult, LadderStep
+from autotune.search.space import ParamSpec, SearchSpace
 from workloads.slo import SLO
 
 logger = logging.getLogger(__name__)

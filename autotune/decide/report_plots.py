@@ -19,9 +19,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
-from autotune.gate import BASELINE, GateDecision, Measurement
-from autotune.ladder import CapacityResult
-from autotune.objective import Objective
+from autotune.measure.ladder import CapacityResult
+from autotune.search.gate import BASELINE, GateDecision, Measurement
+from autotune.search.objective import Objective
 from workloads.slo import SLO
 
 MIN_TRIALS_FOR_IMPORTANCE = 4

@@ -40,7 +40,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from autotune.errors import AutotuneError
-from autotune.scraper import (
+from autotune.measure.scraper import (
     NUM_RUNNING,
     NUM_WAITING,
     MetricsSampler,

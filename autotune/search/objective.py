@@ -2,7 +2,7 @@
 the SLOs.
 
 - `capacity` (default): the highest request rate at which every SLO holds, measured by the
-  load ladder (`autotune.ladder`) in one launch; shown as headroom over the recorded rate.
+  load ladder (`autotune.measure.ladder`) in one launch; shown as headroom over the recorded rate.
   Maximised. A run "meets the SLOs" when its capacity covers the recorded rate (headroom >= 1).
 - `min-memory[:Hx]`: the smallest `gpu_memory_utilization` at which every SLO still holds at
   the recorded rate times H (`--headroom`, default 1.5), measured by one ladder step at speed-up

@@ -1,6 +1,6 @@
 """`report.md`: what was tried, what won, by how much, at what cost.
 
-Its plots, and `ReportInputs` (what both are made of), are in `autotune/report_plots.py`.
+Its plots, and `ReportInputs` (what both are made of), are in `autotune/decide/report_plots.py`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.export import preflight_lines, trial_server_lines
-from autotune.gate import BASELINE, Measurement, candidate_stats
-from autotune.kv_cache import KVCacheSize, kv_cache_note
-from autotune.objective import Objective
+from autotune.decide.export import preflight_lines, trial_server_lines
+from autotune.decide.report_plots import ReportInputs, write_plots
+from autotune.measure.kv_cache import KVCacheSize, kv_cache_note
 from autotune.progress import format_duration
-from autotune.report_plots import ReportInputs, write_plots
-from autotune.trial_records import is_baseline, lost_worker, trial_label
+from autotune.search.gate import BASELINE, Measurement, candidate_stats
+from autotune.search.objective import Objective
+from autotune.search.trial_records import is_baseline, lost_worker, trial_label
 from workloads.files import write_text_atomic
 from workloads.slo import SLO
 

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.gate import GateDecision
-from autotune.kv_cache import kv_cache_note
-from autotune.objective import Objective
-from autotune.servers import TrialServer
+from autotune.measure.kv_cache import kv_cache_note
+from autotune.measure.servers import TrialServer
+from autotune.search.gate import GateDecision
+from autotune.search.objective import Objective
 from server.config import ServerConfig
 from workloads.slo import SLO
 

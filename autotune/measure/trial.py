@@ -18,15 +18,15 @@ import httpx
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
-from autotune.kv_cache import KVCacheSize, read_kv_cache
-from autotune.ladder import CapacityResult, LadderSettings, LoadLadder
-from autotune.launcher import (
+from autotune.measure.kv_cache import KVCacheSize, read_kv_cache
+from autotune.measure.ladder import CapacityResult, LadderSettings, LoadLadder
+from autotune.measure.launcher import (
     ServerLauncher,
     ServerProcess,
     ServerStartFailed,
     TeardownReport,
 )
-from autotune.scraper import (
+from autotune.measure.scraper import (
     MetricSample,
     MetricsSampler,
     MetricsScraper,
@@ -34,9 +34,9 @@ from autotune.scraper import (
     ServerMetrics,
     server_metrics,
 )
-from autotune.server_registry import StaleServerRegistry
-from autotune.servers import TrialServer
-from autotune.signals import stop_reason
+from autotune.measure.server_registry import StaleServerRegistry
+from autotune.measure.servers import TrialServer
+from autotune.measure.signals import stop_reason
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
 from workloads.replay import ReplayMode, replay
@@ -253,7 +253,7 @@ class TrialRunner:
                     # readings: only a next trial's start needs the memory back.
                     trial.teardown = (trial.server.stop(memory_wait_s=0.0) if interrupted
                                       else trial.server.stop())
-        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.signals)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.measure.signals)
             trial.fail("interrupted", f"interrupted ({stop_reason(stop)}); the server was stopped")
             self._write(trial)
             raise

@@ -9,8 +9,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from autotune.kv_cache import KVCacheSize
-from autotune.objective import MEMORY_KNOB, Evaluation, Objective
+from autotune.measure.kv_cache import KVCacheSize
+from autotune.search.objective import MEMORY_KNOB, Evaluation, Objective
 from server.config import ServerConfig
 
 

@@ -63,7 +63,7 @@ def previous_best(deployed: ServerConfig, space: Any, engine: dict[str, Any]) ->
     """The previous study's best feasible trials, if its storage is still reachable."""
     import optuna
 
-    from autotune.trial_records import feasible, is_baseline
+    from autotune.search.trial_records import feasible, is_baseline
 
     study_info = (deployed.provenance or {}).get("study") or {}
     name, storage = study_info.get("name"), study_info.get("storage")

@@ -1,0 +1,1 @@
+"""One trial's measurement: start a server, replay the window, read its metrics."""

@@ -1,0 +1,1 @@
+"""The search: the space, the objective, Optuna's study, its storage and the gate."""

@@ -1,0 +1,86 @@
+"""autotune/'s rooms import each other one way: no circle between rooms (docs/architecture.md).
+
+A room is a subpackage (`autotune.measure`, `autotune.search`, `autotune.decide`); a module at
+the top of `autotune/` (the entry points, the plan, the errors) is a node of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+AUTOTUNE = Path(__file__).resolve().parents[1] / "autotune"
+
+
+def _node(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "autotune" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _room_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in AUTOTUNE.rglob("*.py"):
+        parts = path.relative_to(AUTOTUNE.parent).with_suffix("").parts
+        me = _node(".".join(parts).removesuffix(".__init__"))
+        if me is None:  # autotune/__init__.py
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "autotune":
+                    targets = [f"autotune.{alias.name}" for alias in node.names]
+                else:
+                    targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                other = _node(target)
+                if other is not None and other != me:
+                    edges.setdefault(me, set()).add(other)
+    return edges
+
+
+def _circle(edges: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node) :] + [node]
+        if node in done:
+            return None
+        for other in sorted(edges.get(node, ())):
+            found = visit(other, path + [node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for node in sorted(edges):
+        found = visit(node, [])
+        if found:
+            return found
+    return None
+
+
+def test_rooms_import_each_other_one_way() -> None:
+    edges = _room_edges()
+    assert {"measure", "search", "decide"} <= set(edges)
+    assert _circle(edges) is None, " -> ".join(_circle(edges) or [])
+
+
+def test_the_measure_room_needs_only_the_errors_from_above() -> None:
+    assert _room_edges()["measure"] == {"errors"}
+
+
+def test_every_room_is_a_package_and_no_module_is_left_at_an_old_path() -> None:
+    for room in ("measure", "search", "decide"):
+        assert (AUTOTUNE / room / "__init__.py").is_file()
+    top = {path.stem for path in AUTOTUNE.glob("*.py")}
+    moved = {
+        path.stem
+        for room in ("measure", "search", "decide")
+        for path in (AUTOTUNE / room).glob("*.py")
+    }
+    assert not (top & (moved - {"__init__"}))
