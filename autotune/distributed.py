@@ -15,6 +15,10 @@ its configuration is measured once by another worker: never lost, never counted 
 does not count; a late tell from a worker that was presumed dead is refused and discarded).
 Finalize claims the study atomically (it creates the study `NAME.finalize`; names are unique),
 waits for running trials, then runs the same gate, export and report as `autotune run`.
+
+One module because create, work and finalize are one protocol over one study and one output
+folder: the shared plan that creating stores and workers and finalize load, the workers'
+leases beside their server registries, the finalize claim.
 """
 
 from __future__ import annotations

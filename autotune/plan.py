@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, field_serializer, model_validator
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.servers import TrialServer
 from autotune.search.objective import Objective, parse_objective
-from autotune.search.space import ParamSpec, SearchSpace, parse_relation
+from autotune.search.relations import parse_relation
+from autotune.search.space import ParamSpec, SearchSpace
 from server.config import ServerConfig
 from workloads.slo import SLO, parse_slos
 from workloads.trace import Trace, TraceRequest

@@ -205,7 +205,7 @@ def point_config(baseline, seqs: int | None, batched: int | None):
 def launchable(seqs: int, batched: int) -> bool:
     """False for a point that breaks a built-in relation of the search space (vLLM refuses fewer
     batched tokens than sequences): `autotune run` never launches it, so a grid leaves it out."""
-    from autotune.search.space import BUILTIN_RELATIONS, parse_relation
+    from autotune.search.relations import BUILTIN_RELATIONS, parse_relation
 
     values = {"max_num_seqs": seqs, "max_num_batched_tokens": batched}
     return all(parse_relation(text).check(values) is not False for text in BUILTIN_RELATIONS)

@@ -62,8 +62,12 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-class ServerMetrics:
-    """The server's own request metrics, on a registry the app owns (vLLM's live in REGISTRY)."""
+class RequestMetrics:
+    """The server's own request metrics, on a registry the app owns (vLLM's live in REGISTRY).
+
+    Not `autotune.measure.scraper.ServerMetrics`: that is what the tuner reads from vLLM's
+    series on `/metrics` over one window.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -99,7 +103,7 @@ class MetricsMiddleware:
     """Counts every answer by route and status; times it until its last byte (pure ASGI,
     so streamed responses pass through untouched)."""
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: RequestMetrics) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -153,7 +157,7 @@ class Handlers:
         self,
         config: ServerConfig,
         holder: EngineHolder,
-        metrics: ServerMetrics,
+        metrics: RequestMetrics,
         recorder: TrafficRecorder | None = None,
     ) -> None:
         self.config = config
@@ -564,7 +568,7 @@ def create_app(
     /health answers (503) while the engine loads; `on_fatal(message)` is called if the engine
     cannot start (the CLI uses it to stop uvicorn and exit non-zero)."""
     holder = EngineHolder()
-    metrics = ServerMetrics()
+    metrics = RequestMetrics()
     settings = config.serving.recorder
     recorder = TrafficRecorder(settings) if settings is not None else None
     handlers = Handlers(config, holder, metrics, recorder)

@@ -26,6 +26,9 @@ ladder looks for the cliff itself:
 
 A step that kills the server ends the ladder with the capacity found so far; the trial
 records the failure and keeps every step measured before it.
+
+One module because the steps, their early verdicts and the search over speed-ups read the
+same settings, window and steps so far; most of it is `LoadLadder`, which runs one ladder.
 """
 
 from __future__ import annotations

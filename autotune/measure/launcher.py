@@ -2,6 +2,10 @@
 
 Every start is recorded in a stale-server registry (a JSON file) until the whole process
 group is confirmed gone, so that a later run can end servers a killed tuner left behind.
+
+One module because starting, waiting and stopping share `ServerProcess`'s state (the process
+group, its registry entry, the memory free before the spawn); what a start needs besides
+that state lives in `server_start.py`.
 """
 
 from __future__ import annotations

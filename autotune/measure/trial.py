@@ -3,6 +3,9 @@ while scraping `/metrics`, stop the server, and write everything to the trial fo
 
 A failed trial is an outcome, not an exception: the study records it and goes on. Only
 Ctrl-C (after stopping the server and writing `outcome.json`) and bugs propagate.
+
+One module because every step shares one server's lifetime and one trial folder: `_Trial`
+holds what the steps gathered, `TrialRunner` runs them in order and classifies the failures.
 """
 
 from __future__ import annotations

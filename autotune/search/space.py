@@ -14,16 +14,15 @@ drops or adds parameters and relations:
       - {left: max_num_batched_tokens, op: ">=", right: max_model_len, when: "not enable_chunked_prefill"}
 
 Relations use a tiny grammar (`A OP B [if [not] NAME [OP VALUE]]`, operands are parameter or
-engine-argument names, numbers or true/false): parsed, never evaluated as Python.
+engine-argument names, numbers or true/false): parsed, never evaluated as Python
+(`autotune.search.relations`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import operator
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,22 +30,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from autotune.errors import AutotuneError
+from autotune.search.relations import (
+    BUILTIN_RELATIONS,
+    Relation,
+    RelationSpec,
+    Scalar,
+    parse_relation,
+)
 
 if TYPE_CHECKING:
     import optuna
 
 Accelerator = Literal["cpu", "gpu"]
-Scalar = bool | int | float | str
-Op = Literal[">=", "<=", ">", "<", "==", "!="]
-
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    ">": operator.gt,
-    "<": operator.lt,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 # Prefix of the Optuna parameter that holds a power-of-two argument's exponent; the engine
 # value is 2**exponent, so TPE models the ordered exponent rather than unordered categories.
 POW2_PREFIX = "log2_"
@@ -114,17 +109,6 @@ class ParamSpec(BaseModel):
         return f"{kind} {low}..{high}{scale}"
 
 
-class RelationSpec(BaseModel):
-    """A relation in structured form: `left op right`, only checked `when` the condition holds."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    left: Scalar
-    op: Op
-    right: Scalar
-    when: str | None = None
-
-
 class SpaceFile(BaseModel):
     """The `--space` YAML file."""
 
@@ -135,131 +119,6 @@ class SpaceFile(BaseModel):
     # A parameter mapped to null is dropped from the defaults.
     params: dict[str, ParamSpec | None] = {}
     relations: list[str | RelationSpec] = []
-
-
-# ---------------------------------------------------------------------------------------------
-# Relations
-
-
-@dataclasses.dataclass(frozen=True)
-class Condition:
-    """`NAME`, `not NAME` or `NAME OP VALUE`: when a relation applies."""
-
-    name: str
-    negate: bool = False
-    op: str | None = None
-    value: Scalar | None = None
-
-    def holds(self, values: Mapping[str, Any]) -> bool | None:
-        """None when the condition's parameter has no known value."""
-        if values.get(self.name) is None:
-            return None
-        current = values[self.name]
-        result = bool(current) if self.op is None else _OPS[self.op](current, self.value)
-        return not result if self.negate else result
-
-
-@dataclasses.dataclass(frozen=True)
-class Relation:
-    """`left op right [if when]`; operands are names (looked up) or constants."""
-
-    text: str
-    left: Scalar
-    op: str
-    right: Scalar
-    when: Condition | None = None
-
-    def names(self) -> set[str]:
-        found = {x for x in (self.left, self.right) if isinstance(x, str)}
-        if self.when is not None:
-            found.add(self.when.name)
-        return found
-
-    def check(self, values: Mapping[str, Any]) -> bool | None:
-        """True (holds), False (broken) or None (a value it needs is unknown: vLLM decides)."""
-        if self.when is not None:
-            applies = self.when.holds(values)
-            if applies is None:
-                return None
-            if not applies:
-                return True
-        left = _operand_value(self.left, values)
-        right = _operand_value(self.right, values)
-        if left is None or right is None:
-            return None
-        return bool(_OPS[self.op](left, right))
-
-
-def _operand_value(operand: Scalar, values: Mapping[str, Any]) -> Any:
-    return values.get(operand) if isinstance(operand, str) else operand
-
-
-_TOKEN = re.compile(r"\s*(>=|<=|==|!=|>|<|[A-Za-z_][A-Za-z0-9_]*|-?[0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)")
-
-
-def _tokens(text: str) -> list[str]:
-    tokens: list[str] = []
-    position = 0
-    text = text.strip()
-    while position < len(text):
-        match = _TOKEN.match(text, position)
-        if match is None:
-            raise ValueError(f"cannot read {text[position:]!r}")
-        tokens.append(match.group(1))
-        position = match.end()
-    return tokens
-
-
-def _constant_or_name(token: str) -> Scalar:
-    if token in _OPS:
-        raise ValueError(f"expected a name or a number, got {token!r}")
-    lowered = token.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        number = float(token)
-    except ValueError:
-        return token
-    return int(number) if number.is_integer() and "." not in token and "e" not in lowered else number
-
-
-def parse_condition(text: str) -> Condition:
-    tokens = _tokens(text)
-    negate = bool(tokens) and tokens[0] == "not"
-    if negate:
-        tokens = tokens[1:]
-    if len(tokens) == 1 and not isinstance(_constant_or_name(tokens[0]), bool | int | float):
-        return Condition(name=tokens[0], negate=negate)
-    if len(tokens) == 3 and tokens[1] in _OPS:
-        name = _constant_or_name(tokens[0])
-        if not isinstance(name, str):
-            raise ValueError(f"a condition starts with a parameter name, got {tokens[0]!r}")
-        return Condition(name=name, negate=negate, op=tokens[1], value=_constant_or_name(tokens[2]))
-    raise ValueError(f"condition {text!r}: expected NAME, not NAME or NAME OP VALUE")
-
-
-def parse_relation(spec: str | RelationSpec) -> Relation:
-    """`"a >= b"`, `"a >= 2048 if not enable_chunked_prefill"` or a RelationSpec -> Relation."""
-    if isinstance(spec, RelationSpec):
-        when = parse_condition(spec.when) if spec.when else None
-        text = f"{spec.left} {spec.op} {spec.right}" + (f" if {spec.when}" if spec.when else "")
-        return Relation(text=text, left=spec.left, op=spec.op, right=spec.right, when=when)
-    text = spec.strip()
-    main, _, condition = text.partition(" if ")
-    tokens = _tokens(main)
-    if len(tokens) != 3 or tokens[1] not in _OPS:
-        raise ValueError(f"expected 'A OP B [if CONDITION]' with OP one of {' '.join(_OPS)}")
-    left, right = _constant_or_name(tokens[0]), _constant_or_name(tokens[2])
-    when = parse_condition(condition) if condition.strip() else None
-    return Relation(text=text, left=left, op=tokens[1], right=right, when=when)
-
-
-BUILTIN_RELATIONS: tuple[str, ...] = (
-    # vLLM refuses a step budget smaller than the number of sequences it may schedule.
-    "max_num_batched_tokens >= max_num_seqs",
-    # Without chunked prefill a whole prompt must fit in one step.
-    "max_num_batched_tokens >= max_model_len if not enable_chunked_prefill",
-)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.search.space import SearchSpace, engine_argument_names, parse_relation
+from autotune.search.relations import parse_relation
+from autotune.search.space import SearchSpace, engine_argument_names
 
 
 @pytest.fixture(scope="module")
