@@ -151,7 +151,10 @@ class EngineHolder:
 
 
 class Handlers:
-    """The routes' logic, with the state of one app."""
+    """The routes' logic, with the state of one app.
+
+    A little over ~250 lines: one method per route plus the admission and streaming helpers
+    they share, all on the same engine state."""
 
     def __init__(
         self,

@@ -5,6 +5,10 @@ an exported config's provenance and carries a compact sample of (input, output) 
 that a profile alone can serve as the reference of a drift test. Its `fingerprint` is a
 sha256 over a canonical summary: the same requests give the same fingerprint whatever the
 file is called or how its JSON keys are ordered.
+
+One module over ~400 lines: the profile's models, the statistics that fill them, and their
+text form and plots (`format_profile`, `write_plots`, which read the same fields) are one
+description of a trace.
 """
 
 from __future__ import annotations

@@ -166,6 +166,10 @@ class TrialRunner:
     `max_error_fraction`: above this share of failed requests the trial fails with
     "http_errors" (the summary is kept). `server` says which server runs the trials (ours
     by default, or stock `vllm serve`); `server_command` replaces its command (tests' fakes).
+
+    Longer than ~250 lines: the steps of a run (start, warm-up, ladder or window, scrape,
+    stop) all read the runner's settings and one trial's state, and the failure
+    classification has to see every one of them.
     """
 
     def __init__(
