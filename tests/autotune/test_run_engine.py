@@ -57,6 +57,7 @@ def load(out: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{(out / 'study.db').resolve()}")
 
 
+@pytest.mark.engine(starts=2)  # the baseline, then the starved config
 def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: Path) -> None:
     # A KV-cache share below what the engine itself already holds (64 MiB of this machine's
     # RAM): vLLM's CPU worker refuses it while sizing the KV cache, after loading the model.
@@ -90,6 +91,7 @@ def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: P
     assert (out / "history.png").stat().st_size > 0
 
 
+@pytest.mark.engine(starts=3)  # baseline, the killed trial, its replacement
 def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Tuner SIGKILLed mid-trial, then resumed",
@@ -223,6 +225,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.engine(starts=4)  # 2 trials, gate 1 + 1
 @pytest.mark.slow
 def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generous_slos(tmp_path: Path) -> None:
     """Four engine starts: the baseline (0.3) and one searched config (0.15-0.25), each one
