@@ -1,11 +1,15 @@
 """`autotune retune` end to end on the real CPU engine: a drifted trace re-tunes from the
-deployed config and publishes the winner (four engine starts: 2 trials, gate 1 + 1); and a
-drift the deployed config still carries with headroom keeps it after one launch."""
+deployed config and publishes the winner (four engine starts: 2 trials, gate 1 + 1).
+
+A drift the deployed config still carries with headroom keeps it after one launch: that
+decision (one launch of the deployed config, nothing published, the check's figures kept) is
+tests/autotune/test_retune.py's test_drift_with_headroom_keeps_the_deployed_config_after_one_launch,
+and the capacity ladder it runs, measured on a real server, is test_ladder_engine.py's
+test_autotune_run_reports_the_baselines_capacity_and_headroom (the same TrialRunner ladder)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import optuna
@@ -91,68 +95,3 @@ def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path:
     assert published.serving.recorder == deployed.serving.recorder
     assert published.provenance["decision"]["kept_baseline"] is False
     assert ServerConfig.load(deploy_dir / "best-v0.yaml").engine == deployed.engine
-
-
-# One start: the capacity check's. The deployed config is vLLM's defaults, which carry far
-# more than 1 request/s of translations on this CPU, so the drift does not warrant a study.
-@pytest.mark.engine(starts=1)
-def test_a_drift_the_deployed_config_still_carries_keeps_it_after_one_launch(
-    tmp_path: Path,
-) -> None:
-    reference = translation(TranslationSpec(duration_s=60, mean_rps=1), seed=0)
-    # The same rate, longer texts: a drift the defaults carry many times over (32x on a quiet
-    # machine; at 2 requests/s, beside two other engine jobs, the check measured only 1.41x).
-    # 480 s so that each window holds the 200 requests a p95 needs (autotune.preflight); the
-    # ladder replays only the first of them per step.
-    current = translation(TranslationSpec(duration_s=480, mean_rps=1, median_input=100), seed=1)
-    current_path = tmp_path / "current.jsonl"
-    write_trace(current_path, current)
-    deploy_dir = tmp_path / "deploy"
-    deploy_dir.mkdir()
-    deployed = ServerConfig(
-        engine={**default_engine_settings(), "gpu_memory_utilization": 0.15},
-        serving=ServingSettings(recorder=RecorderSettings(directory=str(tmp_path / "traffic"))),
-        provenance={
-            "profile": profile_trace(reference).model_dump(mode="json"),
-            "slos": ["ttft_p95_ms=1000", "tpot_p95_ms=100"],
-            "objective": "capacity",
-        },
-    )
-    deployed.write(deploy_dir / "best.yaml")
-    before = (deploy_dir / "best.yaml").read_text()
-    parser = argparse.ArgumentParser()
-    retune.register(parser.add_subparsers())
-    args = parser.parse_args(
-        [
-            "retune",
-            "--current",
-            str(current_path),
-            "--config",
-            str(deploy_dir / "best.yaml"),
-            # Coarse on purpose: the claim is "carries 1.5x", not a figure.
-            "--step-requests",
-            "20",
-            "--ladder-resolution",
-            "0.5",
-            "--startup-timeout",
-            "240",
-        ]
-    )
-    assert retune.retune_command(args) == retune.EXIT_KEPT_DEPLOYED
-
-    [study_dir] = [p for p in deploy_dir.iterdir() if p.name.startswith("retune-v1-")]
-    check = json.loads((study_dir / "deployed-capacity.json").read_text())
-    log = Path(check["trial_dir"]) / "server.log"
-    assert check["keep"], f"{check['reason']}\n{log.read_text()[-2000:]}"
-    assert check["headroom"] >= 1.5 and check["capacity_rps"] > check["recorded_rps"]
-    assert len(check["ladder"]["steps"]) >= 2
-    # Exactly one server was launched (each launch writes its own server.log), and it ran the
-    # deployed config (recorder off for a trial server).
-    assert [p.parent for p in deploy_dir.rglob("server.log")] == [Path(check["trial_dir"])]
-    ran = ServerConfig.load(Path(check["trial_dir"]) / "config.yaml")
-    assert ran.engine == deployed.engine and ran.serving.recorder is None
-    # No new config anywhere: no study, nothing versioned, best.yaml untouched.
-    assert not (study_dir / "study.db").exists()
-    assert sorted(p.name for p in deploy_dir.glob("best*.yaml")) == ["best.yaml"]
-    assert not (study_dir / "best.yaml").exists()
-    assert (deploy_dir / "best.yaml").read_text() == before

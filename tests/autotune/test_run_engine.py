@@ -1,12 +1,19 @@
 """`autotune run` end to end on the real CPU engine (slow: each engine start is ~30-60 s).
 
-Kept to eleven engine starts in all: a short study whose searched config runs out of memory
+Kept to ten engine starts in all: a short study whose searched config runs out of memory
 (the failure is classified, the study goes on, best.yaml and report.md are written); a tuner
 SIGKILLed mid-trial (its server and engine core stop by themselves within 15 s) then resumed
-(completed trials intact, the study finishes); SIGTERM mid-trial (the server group stopped
-within 15 s, exit 143); and issue 20's long-prompt trace measured with `--over-context cap`
-(the capped requests counted in the report and best.yaml); and `--objective min-memory` (four
-starts) exporting less memory than the baseline's 0.3 with vLLM's KV cache figures.
+(completed trials intact, the study finishes); issue 20's long-prompt trace measured with
+`--over-context cap` (the capped requests counted in the report and best.yaml); and
+`--objective min-memory` (four starts) exporting less memory than the baseline's 0.3 with
+vLLM's KV cache figures.
+
+SIGTERM mid-trial (exit 143, the trial FAIL and interrupted, the server group gone within 15 s,
+the registry empty) is tests/autotune/test_hard_stops.py's
+test_a_stop_signal_to_run_mid_trial_stops_its_server_and_resume_continues[SIGTERM]: the same
+`autotune run` process and signal handling, with a fake server whose child stands in for the
+engine core; that a real server's whole group (engine core included) is stopped is
+test_trial_engine.py's and test_faults_engine.py's (no process left after stop()).
 
 p50 SLOs keep the windows short: a p95 needs 200 requests per window (autotune.preflight).
 """
@@ -50,6 +57,7 @@ def load(out: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{(out / 'study.db').resolve()}")
 
 
+@pytest.mark.engine(starts=2)  # the baseline, then the starved config
 def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: Path) -> None:
     # A KV-cache share below what the engine itself already holds (64 MiB of this machine's
     # RAM): vLLM's CPU worker refuses it while sizing the KV cache, after loading the model.
@@ -83,6 +91,7 @@ def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: P
     assert (out / "history.png").stat().st_size > 0
 
 
+@pytest.mark.engine(starts=3)  # baseline, the killed trial, its replacement
 def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Tuner SIGKILLed mid-trial, then resumed",
@@ -159,43 +168,6 @@ def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, r
     reliability.figure("resumed run, start to finish", resume_s, "s")
 
 
-def test_sigterm_mid_trial_stops_the_real_server_and_engine_within_the_bound(tmp_path: Path) -> None:
-    """As `kill PID` does: the trial's server group (server, engine core) stopped, exit 143."""
-    out = tmp_path / "out"
-    log_path = tmp_path / "run.log"
-    with log_path.open("w") as log:
-        tuner = subprocess.Popen(autotune("--trials", "2", *P50_SLOS, "--output-dir", out, "--study-name", "term"),
-                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    processes: set[int] = set()
-    deadline = time.monotonic() + 400
-    try:
-        while time.monotonic() < deadline and tuner.poll() is None and not processes:
-            registry = out / "servers.json"
-            for entry in json.loads(registry.read_text())["servers"] if registry.exists() else []:
-                if healthy(entry["port"]):
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        children = psutil.Process(entry["pid"]).children(recursive=True)
-                        if children:
-                            processes = {entry["pid"], *(child.pid for child in children)}
-            time.sleep(0.2)
-        assert processes, log_path.read_text()[-3000:]
-        tuner.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        while time.monotonic() - sent < GONE_WITHIN_S and (
-            tuner.poll() is None or any(alive(pid) for pid in processes)
-        ):
-            time.sleep(0.1)
-    finally:
-        if tuner.poll() is None:
-            os.killpg(tuner.pid, signal.SIGKILL)
-            tuner.wait()
-    assert tuner.returncode == 143, log_path.read_text()[-3000:]
-    assert [pid for pid in processes if alive(pid)] == []
-    assert json.loads((out / "servers.json").read_text())["servers"] == []
-    [trial] = load(out, "term").trials
-    assert trial.state == TrialState.FAIL and "SIGTERM" in trial.user_attrs["interrupted"]
-
-
 def test_a_long_prompt_trace_capped_to_the_context_is_measured_end_to_end(
     tmp_path: Path, conversation_trace, reliability
 ) -> None:
@@ -253,6 +225,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.engine(starts=4)  # 2 trials, gate 1 + 1
 @pytest.mark.slow
 def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generous_slos(tmp_path: Path) -> None:
     """Four engine starts: the baseline (0.3) and one searched config (0.15-0.25), each one
