@@ -1,0 +1,232 @@
+"""Front-end capacity (issue 17, item 4): how much of the engine's capacity each way of
+serving it keeps, measured with the capacity ladder on the same config, traffic and SLOs.
+
+    python3 benchmarks/frontend_capacity.py --trace traffic.jsonl [--model DIR]
+        [--max-model-len N] [--columns in_process,ours:1,ours:4,vllm:1,vllm:4]
+        [--window-s 30] [--slo ttft_p95_ms=500 --slo tpot_p95_ms=50] [--rounds 1]
+        [--step-requests N] [--name frontend_capacity]
+
+Columns (each one engine launch per round, one at a time, the order rotating per round):
+  in_process  AsyncLLM in a child process driven by the ladder in that same process
+              (`benchmarks/inprocess_ladder.py`): the engine's capacity with no front end
+  ours:N      `python -m server` with N front-end processes (`--api-server-count N`)
+  vllm:N      stock `vllm serve --api-server-count N` (`--server vllm`)
+The HTTP columns are measured exactly as `autotune run` measures a trial (`TrialRunner` with
+the ladder; the replayer splits the load among its own processes at high rates).
+
+Capacity = the highest passing speed-up x the window's recorded rate. The ladder of every
+column after the first starts at the first column's capacity (finer steps near the cliff:
+fewer steps, same bisection). Reported per column: capacity, ratio to in_process, ours:N
+over vllm:N at equal N, the replayer's send-lag p99 over the steps (issue 17 asks <= 5 ms),
+engine start and ladder seconds.
+
+The window: the first `--window-s` seconds of the trace's most representative window
+(`select_windows`, as `autotune run --tuning-window` picks it).
+Results: results/benchmarks/{name}.{json,md}; every launch's folder (server log, ladder
+steps, per-request records) under results/benchmarks/{name}-runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
+
+from autotune.measure.ladder import CapacityResult, LadderSettings, recorded_rate
+from autotune.measure.servers import TrialServer
+from autotune.measure.trial import TrialRunner
+from autotune.prepare import has_tokenizer
+from server.config import ServerConfig, default_engine_settings
+from workloads.slo import parse_slos
+from workloads.trace_io import load_trace, write_trace
+from workloads.windows import select_windows
+
+GOAL_IN_PROCESS = 0.95  # ours / in-process
+GOAL_VLLM = 1.0  # ours / vllm serve at equal front-end processes
+GOAL_LAG_MS = 5.0  # the replayer's own send-lag p99
+
+
+def parse_column(text: str) -> tuple[str, int | None]:
+    """'in_process' | 'ours:N' | 'vllm:N' -> (kind, N)."""
+    if text == "in_process":
+        return "in_process", None
+    kind, _, count = text.partition(":")
+    if kind in ("ours", "vllm") and count.isdigit() and int(count) >= 1:
+        return kind, int(count)
+    raise SystemExit(f"frontend_capacity: column {text!r}: expected in_process, ours:N or vllm:N (N >= 1)")
+
+
+def engine_config(model: str | None, max_model_len: int | None, overrides: list[str]) -> ServerConfig:
+    """The config every column serves: the embedded model, or `model` with vLLM's defaults."""
+    engine: dict[str, Any] = default_engine_settings()
+    if model is not None:
+        for key in ("model", "load_format", "dtype", "max_model_len"):
+            engine.pop(key, None)
+        engine.update(model=model, load_format="dummy")
+        if Path(model).is_dir() and not has_tokenizer(Path(model)):
+            engine["skip_tokenizer_init"] = True
+    if max_model_len is not None:
+        engine["max_model_len"] = max_model_len
+    for item in overrides:
+        key, _, value = item.partition("=")
+        engine[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+    return ServerConfig(engine=engine)
+
+
+def in_process(config: ServerConfig, window_path: Path, settings: LadderSettings, slo_texts: list[str],
+               run_dir: Path) -> tuple[CapacityResult, float, float]:
+    """The in_process column: the ladder in a child process that owns the engine."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.write(run_dir / "config.yaml")
+    (run_dir / "ladder-settings.json").write_text(settings.model_dump_json())
+    out = run_dir / "result.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "inprocess_ladder.py"),
+               "--config", str(run_dir / "config.yaml"), "--window", str(window_path),
+               "--ladder", str(run_dir / "ladder-settings.json"), "--out", str(out)]
+    for text in slo_texts:
+        command += ["--slo", text]
+    with open(run_dir / "ladder.log", "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0 or not out.exists():
+        raise SystemExit(f"frontend_capacity: the in-process ladder failed (exit {done.returncode}); "
+                         f"see {run_dir / 'ladder.log'}")
+    data = json.loads(out.read_text())
+    return CapacityResult.model_validate(data["capacity"]), data["ready_s"], data["ladder_s"]
+
+
+def lag_p99(capacity: CapacityResult) -> float | None:
+    """The worst step's send-lag p99 (the in-process column's client lag counts too)."""
+    lags = [s.summary.send_lag_p99_ms for s in capacity.steps if s.summary.send_lag_p99_ms is not None]
+    return max(lags) if lags else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", required=True)
+    parser.add_argument("--model", help="model folder (default: the embedded tiny model)")
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine setting for every column, e.g. max_num_seqs=256")
+    parser.add_argument("--columns", default="in_process,ours:1,vllm:1")
+    parser.add_argument("--window-s", type=float, default=30.0)
+    parser.add_argument("--slo", action="append", default=None)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--step-requests", type=int)
+    parser.add_argument("--min-step-s", type=float)
+    parser.add_argument("--start-speedup", type=float, default=1.0)
+    parser.add_argument("--name", default="frontend_capacity")
+    args = parser.parse_args()
+    columns = [parse_column(c.strip()) for c in args.columns.split(",") if c.strip()]
+    slo_texts = args.slo or ["ttft_p95_ms=500", "tpot_p95_ms=50"]
+    slos = parse_slos(slo_texts)
+    accelerator = "cpu" if args.model is None else "gpu"
+    overrides: dict[str, Any] = {"start_speedup": args.start_speedup}
+    if args.step_requests:
+        overrides["step_requests"] = args.step_requests
+    if args.min_step_s:
+        overrides["min_step_s"] = args.min_step_s
+    settings = LadderSettings.for_accelerator(accelerator, **overrides)
+    config = engine_config(args.model, args.max_model_len, args.engine)
+
+    recorder = Recorder(args.name, "Front-end capacity: in-process AsyncLLM, our server and vllm "
+                        "serve with 1 and N front-end processes (issue 17)", "full")
+    runs_dir = recorder.out_dir / f"{args.name}-runs"
+    trace = load_trace(args.trace)
+    window, _holdout, _info = select_windows(trace, args.window_s, args.window_s)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    window_path = runs_dir / "window.jsonl"
+    write_trace(window_path, window)
+
+    rows: list[dict[str, Any]] = []
+    hint: float | None = None
+    with tempfile.TemporaryDirectory(prefix="frontend-capacity-") as scratch:
+        for round_index in range(args.rounds):
+            shift = round_index % len(columns)
+            for kind, count in columns[shift:] + columns[:shift]:
+                label = kind if count is None else f"{kind}:{count}"
+                run_dir = runs_dir / f"r{round_index + 1}-{label.replace(':', '-')}"
+                ladder = settings.hinted(hint)
+                say(f"round {round_index + 1}: {label} (ladder from x{ladder.start_speedup:.3g})")
+                started = time.monotonic()
+                if kind == "in_process":
+                    capacity, ready_s, ladder_s = in_process(config, window_path, ladder, slo_texts, run_dir)
+                    failure = None
+                else:
+                    server = TrialServer(kind="vllm" if kind == "vllm" else "autotune", api_server_count=count)
+                    runner = TrialRunner(slos=slos, ladder=ladder, server=server, startup_timeout_s=900,
+                                         stale_registry=Path(scratch) / "servers.json", say=say)
+                    outcome = runner.run(config, window, run_dir)
+                    capacity = outcome.capacity
+                    failure = outcome.failure
+                    ready_s = outcome.timing.ready_s if outcome.timing else None
+                    ladder_s = outcome.timing.measure_s if outcome.timing else None
+                wall = time.monotonic() - started
+                row = {
+                    "round": round_index + 1, "column": label,
+                    "capacity_rps": capacity.capacity_rps if capacity else None,
+                    "bracketed": capacity.bracketed if capacity else None,
+                    "steps": len(capacity.steps) if capacity else 0,
+                    "lag_p99_ms": lag_p99(capacity) if capacity else None,
+                    "ready_s": ready_s, "ladder_s": ladder_s, "wall_s": round(wall, 1),
+                    "failure": failure, "describe": capacity.describe() if capacity else failure,
+                }
+                rows.append(row)
+                say(f"  {label}: {row['describe']} (worst step send-lag p99 {fmt(row['lag_p99_ms'])} ms)")
+                if hint is None and capacity and capacity.capacity_speedup:
+                    hint = capacity.capacity_speedup
+
+    by_column: dict[str, list[float]] = {}
+    for row in rows:
+        if row["capacity_rps"] is not None:
+            by_column.setdefault(row["column"], []).append(row["capacity_rps"])
+    medians = {label: spread(values)["median"] for label, values in by_column.items()}
+    base = medians.get("in_process")
+    ratios = {label: (value / base if base and value is not None else None) for label, value in medians.items()}
+    goals: list[Goal] = []
+    for label, value in medians.items():
+        if not label.startswith("ours:"):
+            continue
+        share = ratios.get(label)
+        goals.append(Goal(name=f"{label} capacity / in_process", target=f">= {GOAL_IN_PROCESS}",
+                          measured=share, met=None if share is None else share >= GOAL_IN_PROCESS))
+        twin = medians.get("vllm:" + label.split(":")[1])
+        vs = value / twin if twin and value is not None else None
+        goals.append(Goal(name=f"{label} capacity / vllm:{label.split(':')[1]}", target=f">= {GOAL_VLLM}",
+                          measured=vs, met=None if vs is None else vs >= GOAL_VLLM))
+    lags = [r["lag_p99_ms"] for r in rows if r["lag_p99_ms"] is not None and r["column"] != "in_process"]
+    worst = max(lags) if lags else None
+    goals.append(Goal(name="replayer send-lag p99, worst step of any HTTP column", target=f"<= {GOAL_LAG_MS} ms",
+                      measured=worst, met=None if worst is None else worst <= GOAL_LAG_MS))
+    table = md_table(
+        ["round", "column", "capacity req/s", "/ in_process", "bracketed", "steps", "worst lag p99 ms",
+         "engine start s", "ladder s", "failure"],
+        [[r["round"], r["column"], fmt(r["capacity_rps"]), fmt(ratios.get(r["column"])), r["bracketed"],
+          r["steps"], fmt(r["lag_p99_ms"]), fmt(r["ready_s"]), fmt(r["ladder_s"]), r["failure"] or ""]
+         for r in rows],
+    )
+    results = {"rows": rows, "median_capacity_rps": medians, "ratio_to_in_process": ratios,
+               "recorded_rps": recorded_rate(window), "window_requests": len(window)}
+    notes = [
+        f"Engine settings (every column): {json.dumps(config.engine, sort_keys=True)}.",
+        f"Ladder: {settings.step_requests} requests and >= {settings.min_step_s:g} s per step, growth "
+        f"x{settings.growth:g}, resolution {settings.resolution:.0%}; SLOs {', '.join(slo_texts)}; columns after "
+        "the first start at the first column's capacity.",
+        f"Window: {len(window)} requests, {window.duration_s():.0f} s of {args.trace}.",
+        "The in_process column's client shares its event loop with AsyncLLM's output handler (no HTTP).",
+    ]
+    recorder.write(recorder.result(settings={"ladder": settings.model_dump(), "columns": args.columns,
+                                             "slos": slo_texts, "rounds": args.rounds},
+                                   goals=goals, results=results, notes=notes),
+                   "\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
