@@ -196,7 +196,8 @@ def finish(
         provenance["memory"] = memory
     best_path = plan.output_dir / "best.yaml"
     if verdict != "nothing":
-        export_best(best_path, final_config(plan.baseline, overrides), provenance)
+        deployed = plan.trial_server.served(final_config(plan.baseline, overrides))
+        export_best(best_path, deployed, provenance)
     report = write_report(
         plan.output_dir,
         ReportInputs(

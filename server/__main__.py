@@ -1,6 +1,8 @@
-"""`python -m server [--config FILE] [--host H] [--port P] [--benchmark-mode]`
+"""`python -m server [--config FILE] [--host H] [--port P] [--benchmark-mode] [--api-processes N]`
 
-Without --config: the embedded tiny model (random weights) on 127.0.0.1:8000.
+Without --config: the embedded tiny model (random weights) on 127.0.0.1:8000. With N > 1 front-end
+processes (`serving.api_processes`), this process runs the engine core and N processes serve the
+app on one socket (server.frontends); with 1, the app and AsyncLLM run here, one event loop.
 Exit codes: 0 after a clean stop, 1 if the address cannot be bound or the engine fails to
 start, 2 for a bad config. Started by the tuner (AUTOTUNE_PARENT_PID set), the server stops by
 itself, engine included, once the tuner's process is gone (server.lifeline).
@@ -12,7 +14,7 @@ import argparse
 import socket
 import sys
 
-from server.config import ConfigError, ServerConfig
+from server.config import ConfigError, ServerConfig, ServingSettings, validated
 from server.lifeline import watch_parent_from_env
 
 PROG = "server"
@@ -28,6 +30,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="accept ignore_eos / min_tokens on /v1/completions (exact output lengths)",
     )
+    parser.add_argument(
+        "--api-processes",
+        type=int,
+        metavar="N",
+        help="front-end processes sharing one engine core, as `vllm serve --api-server-count` "
+             "(default: the config's serving.api_processes, 1)",
+    )
     return parser.parse_args(argv)
 
 
@@ -40,8 +49,15 @@ def load_config(args: argparse.Namespace) -> ServerConfig:
         if not 1 <= args.port <= 65535:
             raise ConfigError("--port", "port", args.port, "must be between 1 and 65535")
         overrides["port"] = args.port
+    serving: dict = {}
     if args.benchmark_mode:
-        overrides["serving"] = config.serving.model_copy(update={"benchmark_mode": True})
+        serving["benchmark_mode"] = True
+    if args.api_processes is not None:
+        serving["api_processes"] = args.api_processes
+    if serving:  # validated again: --api-processes may conflict with the config's recorder
+        where = args.config or "<default config>"
+        data = {**config.serving.model_dump(), **serving}
+        overrides["serving"] = validated(ServingSettings, data, where, "serving", None)
     return config.model_copy(update=overrides)
 
 
@@ -98,37 +114,27 @@ def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socke
         )
         return 2
 
-    import uvicorn
-
     from server.app import create_app
+    from server.frontends import serve_app, serve_shared_engine
 
-    failures: list[str] = []
-    server: uvicorn.Server | None = None
-
-    def on_fatal(message: str) -> None:
-        failures.append(message)
-        if server is not None:
-            server.should_exit = True
-
-    app = create_app(config, vllm_config=vllm_config, on_fatal=on_fatal)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            workers=1,
-            loop="auto",
-            lifespan="on",
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
-    )
     host, port = listener.getsockname()[:2]
-    print(f"{PROG}: listening on {host}:{port}; /health answers 503 until the engine is ready",
-          file=sys.stderr, flush=True)
-    server.run(sockets=[listener])
-    if failures:
-        print(f"{PROG}: error: the engine failed to start: {failures[0]}", file=sys.stderr)
+    processes = config.serving.api_processes
+    if processes > 1:
+        # vLLM binds the shared socket itself (SO_REUSEPORT on 0.32); ours only proved the
+        # address free within seconds rather than after the engine's start.
+        listener.close()
+        print(f"{PROG}: {processes} front-end processes on {host}:{port}, one engine core; "
+              "they answer once the engine is ready", file=sys.stderr, flush=True)
+        failure = serve_shared_engine(config)
+    else:
+        print(f"{PROG}: listening on {host}:{port}; /health answers 503 until the engine is "
+              "ready", file=sys.stderr, flush=True)
+        failure = serve_app(
+            lambda on_fatal: create_app(config, vllm_config=vllm_config, on_fatal=on_fatal),
+            listener,
+        )
+    if failure is not None:
+        print(f"{PROG}: error: the engine failed to start: {failure}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,7 +1,9 @@
-"""The HTTP server: FastAPI around one in-process AsyncLLM (one process, one event loop).
+"""The HTTP server: FastAPI around one AsyncLLM (one process, one event loop).
 
 Routes: POST /translate, POST /v1/completions, GET /health, GET /metrics, GET /info.
 Every piece of state belongs to the app `create_app` returns; nothing lives at module level.
+By default the app starts its own engine in this process; server.frontends runs it in each of
+several front-end processes, each around its client of one shared engine core.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -27,6 +32,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,6 +60,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("server")
 T = TypeVar("T")
+# Starts (or connects to) the engine on entry, lets it go on exit.
+EngineSource = Callable[[], AbstractAsyncContextManager[Engine]]
 RETRY_AFTER_S = "1"
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
@@ -62,14 +70,30 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+@dataclass(frozen=True)
+class FrontEnd:
+    """Which of the server's front-end processes this app runs in (server.frontends)."""
+
+    index: int = 0
+    count: int = 1
+
+
 class RequestMetrics:
     """The server's own request metrics, on a registry the app owns (vLLM's live in REGISTRY).
 
     Not `autotune.measure.scraper.ServerMetrics`: that is what the tuner reads from vLLM's
     series on `/metrics` over one window.
+
+    With several front-end processes (`multiprocess_dir`: prometheus_client's
+    PROMETHEUS_MULTIPROC_DIR, which vLLM sets before it spawns them), every process writes its
+    values, vLLM's and ours, to files there; /metrics then reads them all, as vLLM's own
+    /metrics does: counters and histograms summed, vLLM's gauges the most recent write (the
+    engine core sends its scheduler stats to one front end per step), our in-flight gauge
+    summed over live processes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "server_requests",
@@ -88,6 +112,7 @@ class RequestMetrics:
             "server_requests_in_flight",
             "Generation requests admitted and not yet finished.",
             registry=self.registry,
+            multiprocess_mode="livesum",  # used only in multiprocess mode
         )
         self.rejected = Counter(
             "server_requests_rejected",
@@ -96,7 +121,11 @@ class RequestMetrics:
         )
 
     def exposition(self) -> bytes:
-        return generate_latest(REGISTRY) + generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(REGISTRY) + generate_latest(self.registry)
+        every_process = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_process, path=self.multiprocess_dir)
+        return generate_latest(every_process)
 
 
 class MetricsMiddleware:
@@ -162,11 +191,13 @@ class Handlers:
         holder: EngineHolder,
         metrics: RequestMetrics,
         recorder: TrafficRecorder | None = None,
+        front_end: FrontEnd = FrontEnd(),
     ) -> None:
         self.config = config
         self.holder = holder
         self.metrics = metrics
         self.recorder = recorder
+        self.front_end = front_end
         self.in_flight = 0
         self.model_name = str(config.engine.get("served_model_name") or config.engine.get("model"))
 
@@ -175,11 +206,13 @@ class Handlers:
         """Refuses at once (503) when `max_waiting_requests` requests are already waiting.
 
         The scheduler runs at most max_num_seqs requests at a time; every admitted request
-        beyond that is waiting for a slot.
+        beyond that is waiting for a slot. With several front-end processes each sees only its
+        own requests: the engine-wide figure is estimated as if the others held as many (the
+        kernel spreads connections over them), so the limit holds for the server as a whole.
         """
         limit = self.config.serving.max_waiting_requests
         if limit is not None:
-            waiting = self.in_flight - engine.settings.max_num_seqs
+            waiting = self.front_end.count * self.in_flight - engine.settings.max_num_seqs
             if waiting >= limit:
                 self.metrics.rejected.inc()
                 raise RequestError(
@@ -216,6 +249,11 @@ class Handlers:
                 "engine": engine.settings.model_dump(),
                 "serving": self.config.serving.model_dump(),
                 "model": self.model_name,
+                "process": {
+                    "pid": os.getpid(),
+                    "index": self.front_end.index,
+                    "count": self.front_end.count,
+                },
             }
         )
 
@@ -561,25 +599,44 @@ def short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@contextlib.asynccontextmanager
+async def in_process_engine(
+    config: ServerConfig, vllm_config: VllmConfig | None = None
+) -> AsyncIterator[Engine]:
+    """AsyncLLM started in this process, in a worker thread (start-up blocks for tens of
+    seconds; /health answers meanwhile), shut down on exit."""
+    engine = await asyncio.to_thread(Engine.start, config, vllm_config)
+    try:
+        await engine.finish_start()
+        yield engine
+    finally:
+        engine.shutdown()
+
+
 def create_app(
     config: ServerConfig,
     *,
     vllm_config: VllmConfig | None = None,
     on_fatal: Callable[[str], None] | None = None,
+    engine_source: EngineSource | None = None,
+    front_end: FrontEnd = FrontEnd(),
+    metrics: RequestMetrics | None = None,
 ) -> FastAPI:
-    """The server for `config`. Its lifespan starts the engine in a worker thread, so that
-    /health answers (503) while the engine loads; `on_fatal(message)` is called if the engine
-    cannot start (the CLI uses it to stop uvicorn and exit non-zero)."""
+    """The server for `config`. Its lifespan starts the engine (`engine_source`, by default
+    `in_process_engine`) in the background, so that /health answers (503) while the engine
+    loads; `on_fatal(message)` is called if the engine cannot start (the CLI uses it to stop
+    uvicorn and exit non-zero)."""
     holder = EngineHolder()
-    metrics = RequestMetrics()
+    metrics = metrics or RequestMetrics()
     settings = config.serving.recorder
     recorder = TrafficRecorder(settings) if settings is not None else None
-    handlers = Handlers(config, holder, metrics, recorder)
+    handlers = Handlers(config, holder, metrics, recorder, front_end)
+    source = engine_source or (lambda: in_process_engine(config, vllm_config))
+    running = contextlib.AsyncExitStack()  # holds the engine once started
 
     async def start_engine() -> None:
         try:
-            engine = await asyncio.to_thread(Engine.start, config, vllm_config)
-            await engine.finish_start()
+            engine = await running.enter_async_context(source())
         except Exception as error:  # any start failure: report it in one line and stop
             holder.error = (
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -602,9 +659,8 @@ def create_app(
             # A start in progress cannot be interrupted (it runs in a thread); let it finish
             # so that the engine it made is shut down rather than orphaned.
             await starting
-            if holder.engine is not None:
-                holder.engine.shutdown()
-                holder.engine = None
+            holder.engine = None
+            await running.aclose()
             if recorder is not None:
                 await recorder.stop()  # writes what is still buffered
 

@@ -39,6 +39,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -129,8 +130,25 @@ class ServingSettings(BaseModel):
     """Admission limit: with this many requests already waiting, answer 503 + Retry-After."""
     max_input_chars: int = Field(default=8000, ge=1)
     """Longest /translate text accepted."""
+    api_processes: int = Field(default=1, ge=1)
+    """Front-end (HTTP) processes sharing one engine core, as `vllm serve --api-server-count`
+    (server.frontends). 1: FastAPI and AsyncLLM in one process, one event loop."""
     recorder: RecorderSettings | None = None
-    """Record the served traffic as a trace (for `autotune drift` / `autotune retune`)."""
+    """Record the served traffic as a trace (for `autotune drift` / `autotune retune`).
+    One front-end process only: each of several would record only its share of the traffic."""
+
+    @field_validator("recorder")
+    @classmethod
+    def _recorder_needs_one_process(
+        cls, recorder: RecorderSettings | None, info: ValidationInfo
+    ) -> RecorderSettings | None:
+        processes = info.data.get("api_processes", 1)
+        if recorder is not None and processes > 1:
+            raise ValueError(
+                f"the recorder needs api_processes 1 (got {processes}): each front-end "
+                "process would record only its share of the traffic; drop one or the other"
+            )
+        return recorder
 
 
 def snake(key: str) -> str:
@@ -411,10 +429,8 @@ class ServerConfig(BaseModel):
         text = "\n".join(lines + [body]) if lines else body
         write_text_atomic(path, text)  # owner-only (0600): a config may hold an API token
 
-    def engine_args(self) -> AsyncEngineArgs:
-        """The vLLM engine arguments (our `vllm_autotune` section is never part of them)."""
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
+    def engine_settings(self) -> dict[str, Any]:
+        """The engine arguments as given (snake_case), our `vllm_autotune` section left out."""
         engine = dict(self.engine)
         additional = dict(engine.get(ADDITIONAL_CONFIG) or {})
         additional.pop(OUR_SECTION, None)
@@ -422,7 +438,13 @@ class ServerConfig(BaseModel):
             engine[ADDITIONAL_CONFIG] = additional
         else:
             engine.pop(ADDITIONAL_CONFIG, None)
-        return AsyncEngineArgs(**engine)
+        return engine
+
+    def engine_args(self) -> AsyncEngineArgs:
+        """The vLLM engine arguments (our `vllm_autotune` section is never part of them)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(**self.engine_settings())
 
 
 def negatable(name: str) -> bool:

@@ -137,6 +137,17 @@ class Engine:
             # Stats on: vLLM's Prometheus metrics (TTFT, KV-cache usage ...) come from them.
             disable_log_stats=False,
         )
+        return cls.attach(llm, vllm_config)
+
+    @classmethod
+    def attach(cls, llm: Any, vllm_config: VllmConfig | None = None) -> Engine:
+        """Wraps an engine client started elsewhere (vLLM's `EngineClient`: an AsyncLLM,
+        e.g. one front-end process's client of a shared engine core, server.frontends).
+
+        Whoever started it shuts it down; `shutdown()` here is for engines `start` made.
+        """
+        if vllm_config is None:
+            vllm_config = llm.vllm_config
         tokenizer = None
         if not vllm_config.model_config.skip_tokenizer_init:
             tokenizer = llm.get_tokenizer()

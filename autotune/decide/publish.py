@@ -70,8 +70,10 @@ def publish(
         "warm_start": [start.why for start in warm],
         "study_dir": str(work_dir),
     }
-    # Serving settings as deployed (the recorder included), engine settings as tuned.
-    config = result.model_copy(update={"serving": deployed.serving, "provenance": None})
+    # Serving settings as deployed (the recorder included), engine settings as tuned; the
+    # front-end process count as measured (`--api-server-count` with our server).
+    config = plan.trial_server.served(
+        result.model_copy(update={"serving": deployed.serving, "provenance": None}))
     versioned = out_dir / f"best-v{version}.yaml"
     export_best(versioned, config, provenance)
     current_path = out_dir / "best.yaml"

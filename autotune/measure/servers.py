@@ -5,8 +5,10 @@ front end (and its `--api-server-count`), not on our FastAPI app. Both read the 
 `vllm serve --config` YAML (server.config), so a study's best.yaml is the same file either
 way; what differs is the command, the file each one is given and what it may be asked:
 
-- ours: `python -m server --config config.yaml --port P --benchmark-mode` (the trial's
-  config.yaml as written, our serving settings inside);
+- ours: `python -m server --config config.yaml --port P --benchmark-mode [--api-processes N]`
+  (the trial's config.yaml as written, our serving settings inside; `--api-server-count N`
+  becomes our `serving.api_processes: N`, in the trial's config.yaml and so in best.yaml, and
+  is also passed on the command line so that server.log shows it);
 - vLLM's: `python -m server.vllm_serve serve --config vllm-serve.yaml --port P --host H
   [--api-server-count N]`, which is vLLM's own CLI run unchanged with our lifeline around it
   (server.vllm_serve says why). The file holds engine arguments only: host and port come on
@@ -28,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import AutotuneError
-from server.config import ServerConfig, ServingSettings
+from server.config import ConfigError, ServerConfig, ServingSettings, validated
 
 ServerKind = Literal["autotune", "vllm"]
 SERVER_CHOICES: tuple[ServerKind, ...] = ("autotune", "vllm")
@@ -43,8 +45,9 @@ class TrialServer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: ServerKind = "autotune"
-    # `vllm serve --api-server-count`: front-end processes sharing one engine core (None:
-    # vLLM's default, one without data parallelism).
+    # Front-end processes sharing one engine core: `vllm serve --api-server-count`, or our
+    # server's `--api-processes` (None: vLLM's default, one without data parallelism; ours:
+    # the config's serving.api_processes).
     api_server_count: int | None = Field(default=None, ge=1)
 
     @property
@@ -54,7 +57,8 @@ class TrialServer(BaseModel):
     def describe(self) -> str:
         """One line for logs, outcome.json and the report."""
         if not self.is_vllm:
-            return "python -m server (vllm-autotune's server)"
+            count = f" --api-processes {self.api_server_count}" if self.api_server_count else ""
+            return f"python -m server{count} (vllm-autotune's server)"
         count = f" --api-server-count {self.api_server_count}" if self.api_server_count else ""
         return f"vllm serve{count} (stock vLLM)"
 
@@ -66,11 +70,25 @@ class TrialServer(BaseModel):
 
     def extra_args(self, host: str) -> list[str]:
         if not self.is_vllm:
-            return ["--benchmark-mode"]  # lets the replayer force output lengths
+            args = ["--benchmark-mode"]  # lets the replayer force output lengths
+            if self.api_server_count is not None:
+                args += ["--api-processes", str(self.api_server_count)]
+            return args
         args = ["--host", host]
         if self.api_server_count is not None:
             args += ["--api-server-count", str(self.api_server_count)]
         return args
+
+    def served(self, config: ServerConfig) -> ServerConfig:
+        """`config` as this server runs it: ours with `serving.api_processes` set from
+        `--api-server-count` (so that a trial's config.yaml, and best.yaml, reproduce it).
+
+        Raises ConfigError where the serving settings refuse the count (the recorder)."""
+        if self.is_vllm or self.api_server_count is None:
+            return config
+        data = {**config.serving.model_dump(), "api_processes": self.api_server_count}
+        serving = validated(ServingSettings, data, "--api-server-count", "serving", None)
+        return config.model_copy(update={"serving": serving})
 
     def write_config(self, config: ServerConfig, trial_dir: Path) -> Path:
         """Write the file this server is started with; return its path.
@@ -87,11 +105,13 @@ class TrialServer(BaseModel):
     def check(self, configs: Iterable[tuple[str, ServerConfig]]) -> None:
         """Refuse, in one line, what this server cannot run (AutotuneError: exit 2)."""
         if not self.is_vllm:
-            if self.api_server_count is not None:
-                raise AutotuneError(
-                    "--api-server-count is a `vllm serve` option: add --server vllm, or drop it "
-                    "(our server runs one front-end process)"
-                )
+            for label, config in configs:
+                try:
+                    self.served(config)
+                except ConfigError as error:
+                    raise AutotuneError(
+                        f"--api-server-count {self.api_server_count}: {label}: {error.reason}"
+                    ) from None
             return
         if not _importable(VLLM_CLI_MODULE):
             raise AutotuneError(
@@ -135,14 +155,16 @@ def add_server_flags(add: Any, *, default_help: str = "autotune") -> None:
              "`vllm serve` from this Python's vLLM, for deployments that run it); best.yaml is "
              f"the same file either way (default: {default_help})")
     add("--api-server-count", type=int, default=None, metavar="N",
-        help="with --server vllm: `vllm serve --api-server-count N` (front-end processes "
-             "sharing one engine core) for every trial (default: vLLM's)")
+        help="front-end processes sharing one engine core, for every trial: `vllm serve "
+             "--api-server-count N` with --server vllm, `python -m server --api-processes N` "
+             "with ours (best.yaml keeps it as serving.api_processes) (default: vLLM's; ours: "
+             "the baseline's serving.api_processes)")
 
 
 def trial_server(
     kind: str | None, api_server_count: int | None, *, default: ServerKind = "autotune"
 ) -> TrialServer:
-    """The flags as a TrialServer; AutotuneError for a count below 1 or without vllm."""
+    """The flags as a TrialServer; AutotuneError for a count below 1."""
     if api_server_count is not None and api_server_count < 1:
         raise AutotuneError(f"--api-server-count {api_server_count}: must be at least 1")
     chosen: ServerKind = default if kind is None else kind  # type: ignore[assignment]

@@ -243,6 +243,7 @@ class TrialRunner:
         interrupted = False
         try:
             try:
+                config = self.server.served(config)  # e.g. our --api-processes N
                 config.write(trial_dir / "config.yaml")
                 self._start(trial, self.server.write_config(config, trial_dir))
                 if self.ladder is not None:

@@ -24,7 +24,12 @@ from autotune.measure.servers import TrialServer, deployed_server, trial_server
 from autotune.measure.trial import TrialRunner
 from autotune.search.gate import GateDecision
 from autotune.search.objective import parse_objective
-from server.config import ServerConfig, ServingSettings, default_engine_settings
+from server.config import (
+    RecorderSettings,
+    ServerConfig,
+    ServingSettings,
+    default_engine_settings,
+)
 from workloads.slo import parse_slos
 from workloads.trace import Trace, TraceRequest
 
@@ -81,6 +86,28 @@ def test_our_server_is_still_the_default(tmp_path: Path) -> None:
     assert not (tmp_path / "t" / "vllm-serve.yaml").exists()
 
 
+def test_our_server_with_several_front_ends(tmp_path: Path) -> None:
+    python = stand_in_python(tmp_path)
+    runner = TrialRunner(python=str(python), warmup_requests=0,
+                         server=TrialServer(api_server_count=2))
+    outcome = runner.run(config(max_num_seqs=8), window(), tmp_path / "t")
+    argv = started_command(tmp_path / "t")
+    port = argv[argv.index("--port") + 1]
+    assert argv == [str(python), "-m", "server", "--config", str(tmp_path / "t" / "config.yaml"),
+                    "--port", port, "--benchmark-mode", "--api-processes", "2"]
+    assert outcome.server == "python -m server --api-processes 2 (vllm-autotune's server)"
+    # The trial's config.yaml (what best.yaml is made from) carries the count too.
+    served = ServerConfig.load(tmp_path / "t" / "config.yaml")
+    assert served.serving.api_processes == 2 and served.engine["max_num_seqs"] == 8
+
+
+def test_the_count_becomes_our_serving_setting() -> None:
+    server = TrialServer(api_server_count=3)
+    assert server.served(config()).serving.api_processes == 3
+    assert TrialServer().served(config()).serving.api_processes == 1  # the config's own
+    assert TrialServer(kind="vllm", api_server_count=3).served(config()) == config()
+
+
 def vllm_serve_parser() -> argparse.ArgumentParser:
     """vLLM's own `vllm serve` parser (what `vllm serve --config FILE` runs through)."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
@@ -113,13 +140,18 @@ def test_vllm_serve_parses_the_file_it_is_given(tmp_path: Path) -> None:
     assert args.additional_config == {"other_plugin": {"x": 1}}
 
 
-def test_api_server_count_needs_vllm_serve() -> None:
-    with pytest.raises(AutotuneError, match="--api-server-count is a `vllm serve` option"):
-        trial_server("autotune", 2)
+def test_api_server_count_for_either_server(tmp_path: Path) -> None:
+    assert trial_server("autotune", 2) == TrialServer(api_server_count=2)
     with pytest.raises(AutotuneError, match="must be at least 1"):
         trial_server("vllm", 0)
     assert trial_server("vllm", 4) == TrialServer(kind="vllm", api_server_count=4)
     assert trial_server(None, None) == TrialServer()
+    # Our recorder records one process's traffic: refused with several.
+    recording = config().model_copy(update={"serving": ServingSettings(
+        recorder=RecorderSettings(directory=str(tmp_path / "traffic")))})
+    with pytest.raises(AutotuneError, match=r"--api-server-count 2: the baseline: .*recorder needs api_processes 1"):
+        TrialServer(api_server_count=2).check([("the baseline", recording)])
+    TrialServer().check([("the baseline", recording)])
 
 
 def test_our_server_settings_are_refused_for_vllm_serve() -> None:
@@ -140,8 +172,11 @@ def test_a_missing_vllm_serve_entry_point_is_refused(monkeypatch: pytest.MonkeyP
 def test_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
     baseline = tmp_path / "base.yaml"
     config().model_copy(update={"serving": ServingSettings(max_waiting_requests=4)}).write(baseline)
+    recording = tmp_path / "recording.yaml"
+    config().model_copy(update={"serving": ServingSettings(
+        recorder=RecorderSettings(directory=str(tmp_path / "traffic")))}).write(recording)
     runs = {
-        "count": ["--api-server-count", "2"],
+        "count": ["--api-server-count", "2", "--baseline", str(recording)],
         "baseline": ["--server", "vllm", "--baseline", str(baseline)],
     }
     for name, flags in runs.items():
