@@ -59,9 +59,7 @@ def build_runner(
     (so that the next run ends them if this process is killed)."""
     plan.trial_server.check(())  # a worker's host must have the server too
     return TrialRunner(
-        mode=plan.mode,
-        speedup=plan.speedup,
-        slos=plan.slos,
+        replay=plan.replay_options(),
         startup_timeout_s=plan.startup_timeout_s,
         stale_registry=registry,
         ladder=plan.ladder,

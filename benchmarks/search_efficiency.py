@@ -377,6 +377,7 @@ def measure_goodput(args: argparse.Namespace) -> int:
     from autotune.search.objective import Objective, default_slos, evaluate
     from server.config import ServerConfig, default_engine_settings
     from server.engine import effective_settings, resolve_engine_config
+    from workloads.replay import ReplayOptions
     from workloads.trace_io import load_trace
     from workloads.windows import select_windows
 
@@ -409,8 +410,9 @@ def measure_goodput(args: argparse.Namespace) -> int:
     todo = [w for w in order if w[0] not in done]
     if args.max_points is not None:
         todo = todo[: args.max_points]
-    runner = TrialRunner(mode="timed", speedup=args.speedup, slos=slos,
-                         request_timeout_s=args.request_timeout, stale_registry=table_dir / "servers.json")
+    replay_options = ReplayOptions(mode="timed", speedup=args.speedup, slos=slos,
+                                   timeout_s=args.request_timeout)
+    runner = TrialRunner(replay=replay_options, stale_registry=table_dir / "servers.json")
     objective = Objective(kind="goodput")
     for label, seqs, batched in todo:
         config = point_config(baseline, seqs, batched)
