@@ -549,7 +549,7 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
     to the grid); `first_moves=False`: plain TPE from the baseline on. The points it launched."""
     import optuna
 
-    from autotune.search.study import StudyOptions, TuningStudy
+    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 
     class PlainTPEStudy(TuningStudy):
         """The same study without the first phase of one-knob moves."""
@@ -573,15 +573,17 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
         study_class = TuningStudy if first_moves else PlainTPEStudy
         study = study_class(
             options=options,
-            space=replay_space(replay.table),
-            objective=replay.objective,
-            slos=replay.slos,
-            baseline=replay.baseline,
-            baseline_source="vLLM's defaults",
-            tuning_window=replay.window,
-            holdout_window=replay.window,
+            inputs=SearchInputs(
+                space=replay_space(replay.table),
+                objective=replay.objective,
+                slos=replay.slos,
+                baseline=replay.baseline,
+                baseline_source="vLLM's defaults",
+                tuning_window=replay.window,
+                holdout_window=replay.window,
+                effective_defaults=replay.defaults,
+            ),
             runner=runner,
-            effective_defaults=replay.defaults,
             say=lambda _line: None,
             clock=clock,
         )
