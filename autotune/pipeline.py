@@ -12,6 +12,7 @@ searches it with `build_runner` + `build_study`, and `autotune finalize` ends it
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,24 +33,20 @@ from autotune.redact import redact, redact_argv
 from autotune.search.gate import BASELINE, GateDecision, Measurement, decide
 from autotune.search.gate_runner import ValidationResult
 from autotune.search.study import TuningStudy
-from autotune.search.study_store import StudyOptions
+from autotune.search.study_store import SearchInputs, StudyOptions
 
 
 def study_options(plan: TuningPlan) -> StudyOptions:
-    return StudyOptions(
-        study_name=plan.study_name,
-        output_dir=plan.output_dir,
-        storage=plan.storage,
-        resume=plan.resume,
-        resume_gate=plan.resume_gate,
-        n_trials=plan.n_trials,
-        time_budget_s=plan.time_budget_s,
-        gpu_seconds=plan.gpu_seconds,
-        seed=plan.seed,
-        top_k=plan.top_k,
-        repeats=plan.repeats,
-        prune=plan.prune,
-    )
+    """The plan's study settings: every StudyOptions field is the plan's field of that name."""
+    return StudyOptions(**{field.name: getattr(plan, field.name)
+                           for field in dataclasses.fields(StudyOptions)})
+
+
+def search_inputs(plan: TuningPlan) -> SearchInputs:
+    """What the plan's study searches and judges: every SearchInputs field is the plan's
+    field of that name."""
+    return SearchInputs(**{field.name: getattr(plan, field.name)
+                           for field in dataclasses.fields(SearchInputs)})
 
 
 def build_runner(
@@ -59,9 +56,7 @@ def build_runner(
     (so that the next run ends them if this process is killed)."""
     plan.trial_server.check(())  # a worker's host must have the server too
     return TrialRunner(
-        mode=plan.mode,
-        speedup=plan.speedup,
-        slos=plan.slos,
+        replay=plan.replay_options(),
         startup_timeout_s=plan.startup_timeout_s,
         stale_registry=registry,
         ladder=plan.ladder,
@@ -73,20 +68,7 @@ def build_runner(
 def build_study(plan: TuningPlan, *, runner: Any, **extra: Any) -> TuningStudy:
     """The TuningStudy a plan describes (`extra`: further TuningStudy keywords)."""
     extra.setdefault("say", say)
-    return TuningStudy(
-        options=study_options(plan),
-        space=plan.space,
-        objective=plan.objective,
-        slos=plan.slos,
-        baseline=plan.baseline,
-        baseline_source=plan.baseline_source,
-        tuning_window=plan.tuning_window,
-        holdout_window=plan.holdout_window,
-        runner=runner,
-        comparisons=plan.comparisons,
-        effective_defaults=plan.effective_defaults,
-        **extra,
-    )
+    return TuningStudy(options=study_options(plan), inputs=search_inputs(plan), runner=runner, **extra)
 
 
 class _NotMeasuredHere:

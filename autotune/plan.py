@@ -24,6 +24,7 @@ from autotune.search.objective import Objective, parse_objective
 from autotune.search.relations import parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
 from server.config import ServerConfig
+from workloads.replay import ReplayOptions
 from workloads.slo import SLO, parse_slos
 from workloads.trace import Trace, TraceRequest
 
@@ -148,6 +149,10 @@ class TuningPlan(BaseModel):
     # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
     # from another machine: autotune.search.gate_runner).
     resume_gate: bool = False
+
+    def replay_options(self) -> ReplayOptions:
+        """How a trial replays its window: the plan's mode, speed-up and SLOs."""
+        return ReplayOptions(mode=self.mode, speedup=self.speedup, slos=tuple(self.slos))
 
     @property
     def storage_url(self) -> str:

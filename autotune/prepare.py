@@ -29,6 +29,11 @@ from workloads.profile import format_profile, profile_trace
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace
 
+# The request's settings a plan keeps as they are (same names, same values).
+CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
+           "startup_timeout_s", "command_line", "trial_server", "study_name", "output_dir",
+           "storage", "resume")
+
 
 def prepare_plan(request: TuningRequest) -> TuningPlan:
     """Everything checked and prepared before the first trial (no server started)."""
@@ -131,22 +136,9 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         tuning_window=tuning,
         holdout_window=holdout,
         n_trials=request.trials,
-        time_budget_s=request.time_budget_s,
-        gpu_seconds=request.gpu_seconds,
-        seed=request.seed,
-        top_k=request.top_k,
-        repeats=request.repeats,
         ladder=ladder,
-        mode=request.mode,
-        speedup=request.speedup,
-        startup_timeout_s=request.startup_timeout_s,
-        command_line=request.command_line,
-        trial_server=request.trial_server,
-        study_name=request.study_name,
-        output_dir=request.output_dir,
-        storage=request.storage,
-        resume=request.resume,
         resume_gate=request.resume,
+        **{name: getattr(request, name) for name in CARRIED},
     )
 
 

@@ -26,6 +26,7 @@ from autotune.measure.ladder import LadderSettings
 from autotune.measure.trial import TrialRunner
 from autotune.search.objective import default_slos
 from server.config import ServerConfig, default_engine_settings
+from workloads.replay import ReplayOptions
 from workloads.trace_io import load_trace
 from workloads.windows import select_windows
 
@@ -52,7 +53,7 @@ def main() -> int:
             order.append(("one-seq", repeat))
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="capacity-repeats-") as scratch, EngineWatch() as watch:
-        runner = TrialRunner(slos=slos, ladder=settings, stale_registry=Path(scratch) / "servers.json",
+        runner = TrialRunner(replay=ReplayOptions(slos=slos), ladder=settings, stale_registry=Path(scratch) / "servers.json",
                              startup_timeout_s=300, say=say)
         for name, repeat in order:
             config = ServerConfig(engine={**default_engine_settings(), **CONFIGS[name]})

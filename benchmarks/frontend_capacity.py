@@ -44,6 +44,7 @@ from autotune.measure.servers import TrialServer
 from autotune.measure.trial import TrialRunner
 from autotune.prepare import has_tokenizer
 from server.config import ServerConfig, default_engine_settings
+from workloads.replay import ReplayOptions
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace, write_trace
 from workloads.windows import select_windows
@@ -160,7 +161,7 @@ def main() -> int:
                     failure = None
                 else:
                     server = TrialServer(kind="vllm" if kind == "vllm" else "autotune", api_server_count=count)
-                    runner = TrialRunner(slos=slos, ladder=ladder, server=server, startup_timeout_s=900,
+                    runner = TrialRunner(replay=ReplayOptions(slos=slos), ladder=ladder, server=server, startup_timeout_s=900,
                                          stale_registry=Path(scratch) / "servers.json", say=say)
                     outcome = runner.run(config, window, run_dir)
                     capacity = outcome.capacity

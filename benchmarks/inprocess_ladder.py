@@ -40,7 +40,7 @@ from server.config import ServerConfig  # noqa: E402
 from server.engine import Engine, Generation  # noqa: E402
 from workloads.files import write_text_atomic  # noqa: E402
 from workloads.prompts import PromptFactory  # noqa: E402
-from workloads.replay import ProgressCallback, ReplayMode, ReplayRun, _Stream  # noqa: E402
+from workloads.replay import ProgressCallback, ReplayOptions, ReplayRun, _Stream  # noqa: E402
 from workloads.replay_summary import ReplayResult  # noqa: E402
 from workloads.slo import SLO, parse_slos  # noqa: E402
 from workloads.trace import Trace  # noqa: E402
@@ -55,32 +55,18 @@ class InProcessRun(ReplayRun):
         self,
         engine: Engine,
         trace: Trace,
+        options: ReplayOptions,
         *,
-        slos: Sequence[SLO],
-        timeout_s: float,
-        on_progress: ProgressCallback | None,
-        prompts: PromptFactory,
+        on_progress: ProgressCallback | None = None,
     ) -> None:
-        super().__init__(
-            trace,
-            None,  # type: ignore[arg-type]  # no HTTP session: send() is replaced
-            "in-process",
-            mode=ReplayMode(kind="timed"),
-            speedup=1.0,
-            duration_s=None,
-            slos=tuple(slos),
-            model=None,
-            benchmark_mode=True,
-            timeout_s=timeout_s,
-            on_progress=on_progress,
-            prompts=prompts,
-        )
+        # No HTTP session: send() is replaced.
+        super().__init__(trace, None, "in-process", options, on_progress=on_progress)  # type: ignore[arg-type]
         self.engine = engine
 
     def body(self, i: int) -> tuple[list[int], int]:  # type: ignore[override]
         trace = self.trace
         hash_ids = None if trace.hash_ids is None else trace.hash_ids[i]
-        prompt = self.prompts.prompt(self.index_of(i), int(trace.input_lengths[i]), hash_ids)
+        prompt = self.options.prompts.prompt(self.index_of(i), int(trace.input_lengths[i]), hash_ids)
         return prompt, int(trace.output_lengths[i])
 
     async def send(self, i: int, scheduled_s: float, body: tuple[list[int], int]) -> None:  # type: ignore[override]
@@ -93,7 +79,7 @@ class InProcessRun(ReplayRun):
         self.open[i] = (sent, stream)
         error: str | None = None
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.options.timeout_s):
                 async for delta in self.engine.generate(
                     prompt, generation, f"bench-{uuid.uuid4().hex}", stream=True
                 ):
@@ -105,7 +91,7 @@ class InProcessRun(ReplayRun):
             self._record(i, scheduled_s, sent, stream, None, "cancelled: replay stopped", True)
             raise
         except TimeoutError:
-            error = f"timeout: no complete answer within {self.timeout_s:g} s"
+            error = f"timeout: no complete answer within {self.options.timeout_s:g} s"
         except Exception as exc:  # the engine failed this request: a measurement, not a crash
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if error is None and stream.first_token_s is None:
@@ -114,23 +100,19 @@ class InProcessRun(ReplayRun):
 
 
 def engine_replay(engine: Engine):
-    """A `LoadLadder.replay_fn` that sends each step to `engine` in this process."""
+    """A `LoadLadder.replay_fn` (`autotune.measure.ladder.ReplayFunction`) that sends each
+    step to `engine` in this process."""
 
     async def replay_fn(
         trace: Trace,
         _url: str,
+        options: ReplayOptions,
         *,
-        mode: ReplayMode,
-        slos: Sequence[SLO],
-        benchmark_mode: bool,
-        timeout_s: float,
-        on_progress: ProgressCallback | None,
-        prompts: PromptFactory,
+        on_progress: ProgressCallback | None = None,
     ) -> ReplayResult:
-        assert mode.kind == "timed" and benchmark_mode, "the ladder replays timed, benchmark mode"
-        run = InProcessRun(engine, trace, slos=slos, timeout_s=timeout_s,
-                           on_progress=on_progress, prompts=prompts)
-        return await run.run()
+        assert options.mode.kind == "timed" and options.benchmark_mode, \
+            "the ladder replays timed, benchmark mode"
+        return await InProcessRun(engine, trace, options, on_progress=on_progress).run()
 
     return replay_fn
 
@@ -148,7 +130,8 @@ class RegistryScraper:
 
 async def run_ladder(engine: Engine, window: Trace, settings: LadderSettings,
                      slos: Sequence[SLO]) -> CapacityResult:
-    ladder = LoadLadder(settings, url="in-process", slos=slos, scraper=RegistryScraper(),  # type: ignore[arg-type]
+    ladder = LoadLadder(settings, url="in-process", replay=ReplayOptions(slos=slos),
+                        scraper=RegistryScraper(),  # type: ignore[arg-type]
                         say=lambda line: print(line, flush=True), replay_fn=engine_replay(engine))
     return await ladder.run(window)
 

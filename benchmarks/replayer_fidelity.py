@@ -112,7 +112,7 @@ def run_split(window, ours_idx: np.ndarray, vllm_idx: np.ndarray, base_url: str,
     `vllm bench serve` the requests `vllm_idx`, each at its recorded time."""
     import threading
 
-    from workloads.replay import replay
+    from workloads.replay import ReplayOptions, replay
     from workloads.slo import request_tpot_ms
 
     trace_path = work / f"{name}.vllm.timed_trace.jsonl"
@@ -136,7 +136,7 @@ def run_split(window, ours_idx: np.ndarray, vllm_idx: np.ndarray, base_url: str,
     drain = threading.Thread(target=forward, args=(process.stdout, lines), daemon=True)
     drain.start()
     signalled = time.monotonic()
-    result = asyncio.run(replay(ours_trace, base_url, mode="timed", benchmark_mode=True))
+    result = asyncio.run(replay(ours_trace, base_url, ReplayOptions(mode="timed", benchmark_mode=True)))
     ours_ended = time.monotonic()
     code = process.wait()
     drain.join()
@@ -253,7 +253,7 @@ def echo_target(window, work: Path, args: argparse.Namespace) -> dict:
 def engine_target(window, work: Path, args: argparse.Namespace) -> dict:
     from autotune.measure.launcher import ServerLauncher
     from server.config import ServerConfig, ServingSettings
-    from workloads.replay import replay
+    from workloads.replay import ReplayOptions, replay
     from workloads.trace import Trace, TraceRequest
 
     config = ServerConfig.default()
@@ -264,7 +264,7 @@ def engine_target(window, work: Path, args: argparse.Namespace) -> dict:
     server = ServerLauncher().start(config_path, work / "engine-server.log")
     try:
         warm = Trace.from_requests([TraceRequest(timestamp=0, input_length=16, output_length=8)] * 8)
-        asyncio.run(replay(warm, server.url, mode="concurrency=4"))
+        asyncio.run(replay(warm, server.url, ReplayOptions(mode="concurrency=4")))
         runs = paired_runs(window, server.url, work, args.pairs, "engine")
     finally:
         teardown = server.stop()

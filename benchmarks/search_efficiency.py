@@ -377,6 +377,7 @@ def measure_goodput(args: argparse.Namespace) -> int:
     from autotune.search.objective import Objective, default_slos, evaluate
     from server.config import ServerConfig, default_engine_settings
     from server.engine import effective_settings, resolve_engine_config
+    from workloads.replay import ReplayOptions
     from workloads.trace_io import load_trace
     from workloads.windows import select_windows
 
@@ -409,8 +410,9 @@ def measure_goodput(args: argparse.Namespace) -> int:
     todo = [w for w in order if w[0] not in done]
     if args.max_points is not None:
         todo = todo[: args.max_points]
-    runner = TrialRunner(mode="timed", speedup=args.speedup, slos=slos,
-                         request_timeout_s=args.request_timeout, stale_registry=table_dir / "servers.json")
+    replay_options = ReplayOptions(mode="timed", speedup=args.speedup, slos=slos,
+                                   timeout_s=args.request_timeout)
+    runner = TrialRunner(replay=replay_options, stale_registry=table_dir / "servers.json")
     objective = Objective(kind="goodput")
     for label, seqs, batched in todo:
         config = point_config(baseline, seqs, batched)
@@ -547,7 +549,7 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
     to the grid); `first_moves=False`: plain TPE from the baseline on. The points it launched."""
     import optuna
 
-    from autotune.search.study import StudyOptions, TuningStudy
+    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 
     class PlainTPEStudy(TuningStudy):
         """The same study without the first phase of one-knob moves."""
@@ -571,15 +573,17 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
         study_class = TuningStudy if first_moves else PlainTPEStudy
         study = study_class(
             options=options,
-            space=replay_space(replay.table),
-            objective=replay.objective,
-            slos=replay.slos,
-            baseline=replay.baseline,
-            baseline_source="vLLM's defaults",
-            tuning_window=replay.window,
-            holdout_window=replay.window,
+            inputs=SearchInputs(
+                space=replay_space(replay.table),
+                objective=replay.objective,
+                slos=replay.slos,
+                baseline=replay.baseline,
+                baseline_source="vLLM's defaults",
+                tuning_window=replay.window,
+                holdout_window=replay.window,
+                effective_defaults=replay.defaults,
+            ),
             runner=runner,
-            effective_defaults=replay.defaults,
             say=lambda _line: None,
             clock=clock,
         )

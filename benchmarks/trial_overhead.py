@@ -149,7 +149,7 @@ def variant_config(name: str):
 
 def start_variant(name: str, work: Path, cache_root: Path, run: int) -> dict[str, Any]:
     from autotune.measure.launcher import ServerLauncher, ServerStartFailed
-    from workloads.replay import replay
+    from workloads.replay import ReplayOptions, replay
     from workloads.trace import Trace, TraceRequest
 
     config = variant_config(name)
@@ -172,8 +172,9 @@ def start_variant(name: str, work: Path, cache_root: Path, run: int) -> dict[str
         requests = [TraceRequest(timestamp=0, input_length=int(n), output_length=32)
                     for n in rng.integers(32, 129, size=128)]
         trace = Trace.from_requests(requests)
-        asyncio.run(replay(Trace.from_requests(requests[:8]), server.url, mode="concurrency=8"))
-        result = asyncio.run(replay(trace, server.url, mode="concurrency=8"))
+        closed_loop = ReplayOptions(mode="concurrency=8")
+        asyncio.run(replay(Trace.from_requests(requests[:8]), server.url, closed_loop))
+        result = asyncio.run(replay(trace, server.url, closed_loop))
     finally:
         teardown = server.stop()
     return {

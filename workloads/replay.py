@@ -53,7 +53,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -114,6 +114,42 @@ class ReplayMode(BaseModel):
         return "timed" if self.kind == "timed" else f"concurrency={self.concurrency}"
 
 
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How one replay runs: everything but the trace, the server's URL and the progress
+    callback. `replay` and `replay_with_workers` (workloads.replay_workers) take the same
+    options; a bad value raises WorkloadError when the options are made."""
+
+    # A string ("timed", "concurrency=8") is parsed into a ReplayMode.
+    mode: ReplayMode = ReplayMode(kind="timed")
+    speedup: float = 1.0  # timed mode: the recorded arrivals compressed by this factor
+    duration_s: float | None = None  # timed mode: send only what is due before this
+    slos: tuple[SLO, ...] = ()  # judged per request and for the run (`ReplaySummary.slo_met`)
+    model: str | None = None  # the request's `model` field (None: the server's only model)
+    benchmark_mode: bool = True  # send ignore_eos / min_tokens: exact output lengths
+    api_token: str | None = None  # bearer token
+    timeout_s: float = 600  # per request
+    prompts: PromptFactory = field(default_factory=PromptFactory)  # the token ids sent
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", ReplayMode.parse(self.mode))
+        object.__setattr__(self, "slos", tuple(self.slos))
+        if not self.speedup > 0:
+            raise WorkloadError(f"replay speedup {self.speedup!r}: must be > 0")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise WorkloadError(f"replay duration {self.duration_s!r} s: must be > 0")
+        if not self.timeout_s > 0:
+            raise WorkloadError(f"replay timeout {self.timeout_s!r} s: must be > 0")
+
+    def planned(self, trace: Trace) -> int:
+        """How many requests of `trace` a run may send (timed mode: within `duration_s`)."""
+        n = len(trace)
+        if self.mode.kind == "timed" and self.duration_s is not None:
+            cutoff_ms = self.duration_s * 1000.0 * self.speedup
+            n = int(np.searchsorted(trace.timestamps_ms, cutoff_ms, side="left"))
+        return n
+
+
 @dataclass(slots=True)
 class _Stream:
     """What one streamed answer delivered, gathered while reading it."""
@@ -172,16 +208,9 @@ class ReplayRun:
         trace: Trace,
         session: aiohttp.ClientSession,
         endpoint: str,
+        options: ReplayOptions,
         *,
-        mode: ReplayMode,
-        speedup: float,
-        duration_s: float | None,
-        slos: Sequence[SLO],
-        model: str | None,
-        benchmark_mode: bool,
-        timeout_s: float,
-        on_progress: ProgressCallback | None,
-        prompts: PromptFactory,
+        on_progress: ProgressCallback | None = None,
         indices: np.ndarray | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
@@ -192,17 +221,10 @@ class ReplayRun:
         self.on_record = on_record
         self.session = session
         self.endpoint = endpoint
-        self.mode = mode
-        self.speedup = speedup
-        self.duration_s = duration_s
-        self.slos = slos
-        self.model = model
-        self.benchmark_mode = benchmark_mode
-        self.timeout_s = timeout_s
+        self.options = options
         self.on_progress = on_progress
-        self.prompts = prompts
         self.records: list[RequestRecord] = []
-        self.tally = Tally(tuple(slos))
+        self.tally = Tally(options.slos)
         self.in_flight: set[asyncio.Task] = set()
         # Requests sent and not yet recorded: send time and stream (for late counts).
         self.open: dict[int, tuple[float, _Stream]] = {}
@@ -220,7 +242,7 @@ class ReplayRun:
         out = int(trace.output_lengths[i])
         hash_ids = None if trace.hash_ids is None else trace.hash_ids[i]
         payload: dict = {
-            "prompt": self.prompts.prompt(self.index_of(i), int(trace.input_lengths[i]), hash_ids),
+            "prompt": self.options.prompts.prompt(self.index_of(i), int(trace.input_lengths[i]), hash_ids),
             "max_tokens": out,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -229,11 +251,11 @@ class ReplayRun:
             "return_token_ids": True,
             "temperature": 0,
         }
-        if self.benchmark_mode:
+        if self.options.benchmark_mode:
             payload["ignore_eos"] = True
             payload["min_tokens"] = out
-        if self.model is not None:
-            payload["model"] = self.model
+        if self.options.model is not None:
+            payload["model"] = self.options.model
         return json.dumps(payload, separators=(",", ":")).encode()
 
     async def send(self, i: int, scheduled_s: float, body: bytes) -> None:
@@ -243,7 +265,7 @@ class ReplayRun:
         status: int | None = None
         error: str | None = None
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.options.timeout_s):
                 async with self.session.post(self.endpoint, data=body) as response:
                     status = response.status
                     if status != 200:
@@ -256,7 +278,7 @@ class ReplayRun:
             self._record(i, scheduled_s, sent, stream, status, "cancelled: replay stopped", True)
             raise
         except TimeoutError:
-            error = f"timeout: no complete answer within {self.timeout_s:g} s"
+            error = f"timeout: no complete answer within {self.options.timeout_s:g} s"
         except aiohttp.ClientConnectorError as exc:
             error = f"connection failed: {_one_line(str(exc)) or type(exc).__name__}"
         except aiohttp.ClientError as exc:  # dropped connection, malformed HTTP, cut body
@@ -332,7 +354,7 @@ class ReplayRun:
     # -- schedules ------------------------------------------------------------------------
 
     def _last_index(self) -> int:
-        return planned_requests(self.trace, self.mode, self.speedup, self.duration_s)
+        return self.options.planned(self.trace)
 
     def _launch(self, i: int, scheduled_s: float, body: bytes) -> None:
         task = asyncio.create_task(self.send(i, scheduled_s, body))
@@ -340,7 +362,7 @@ class ReplayRun:
         task.add_done_callback(self.in_flight.discard)
 
     async def _timed(self, first_body: bytes | None) -> None:
-        offsets_s = self.trace.timestamps_ms / 1000.0 / self.speedup
+        offsets_s = self.trace.timestamps_ms / 1000.0 / self.options.speedup
         last = self._last_index()
         body = first_body
         for i in range(last):
@@ -367,12 +389,12 @@ class ReplayRun:
         async def slot() -> None:
             for i in next_index:  # shared iterator: each slot takes the next request
                 scheduled_s = time.monotonic() - self.t0
-                if self.duration_s is not None and scheduled_s >= self.duration_s:
+                if self.options.duration_s is not None and scheduled_s >= self.options.duration_s:
                     return
                 await self.send(i, scheduled_s, self.body(i))
 
-        assert self.mode.concurrency is not None
-        slots = [asyncio.create_task(slot()) for _ in range(self.mode.concurrency)]
+        assert self.options.mode.concurrency is not None
+        slots = [asyncio.create_task(slot()) for _ in range(self.options.mode.concurrency)]
         self.in_flight.update(slots)
         for task in slots:
             task.add_done_callback(self.in_flight.discard)
@@ -395,8 +417,8 @@ class ReplayRun:
         """Per SLO, requests in flight that already miss it: no first token (TTFT) or no end
         (E2E) although sent longer ago than the threshold. O(requests in flight)."""
         now = time.monotonic()
-        late = [0] * len(self.slos)
-        for k, slo in enumerate(self.slos):
+        late = [0] * len(self.options.slos)
+        for k, slo in enumerate(self.options.slos):
             if slo.metric not in ("ttft", "e2el"):
                 continue
             limit_s = slo.threshold_ms / 1000.0
@@ -418,7 +440,7 @@ class ReplayRun:
         # The first request is due at once: build it before the clock starts.
         first_body = self.body(0) if len(self.trace) else None
         self.t0 = time.monotonic() if start_at is None else start_at
-        if self.mode.kind == "timed":
+        if self.options.mode.kind == "timed":
             schedule = self._timed(first_body)
         else:
             schedule = self._closed_loop()
@@ -457,15 +479,6 @@ def warn_if_lagging(summary: ReplaySummary) -> None:
         )
 
 
-def planned_requests(trace: Trace, mode: ReplayMode, speedup: float, duration_s: float | None) -> int:
-    """How many requests of the trace a run may send (timed mode: within duration)."""
-    n = len(trace)
-    if mode.kind == "timed" and duration_s is not None:
-        cutoff_ms = duration_s * 1000.0 * speedup
-        n = int(np.searchsorted(trace.timestamps_ms, cutoff_ms, side="left"))
-    return n
-
-
 def client_session(mode: ReplayMode, api_token: str | None) -> aiohttp.ClientSession:
     """The replayer's HTTP client (use as `async with`)."""
     headers = {"Content-Type": "application/json"}
@@ -501,55 +514,25 @@ async def each_second(t0: float, tick: Callable[[float], Awaitable[bool]]) -> No
             return
 
 
-def check_options(speedup: float, duration_s: float | None, timeout_s: float) -> None:
-    """One-line errors for a replay's numeric options."""
-    if not speedup > 0:
-        raise WorkloadError(f"replay speedup {speedup!r}: must be > 0")
-    if duration_s is not None and not duration_s > 0:
-        raise WorkloadError(f"replay duration {duration_s!r} s: must be > 0")
-    if not timeout_s > 0:
-        raise WorkloadError(f"replay timeout {timeout_s!r} s: must be > 0")
-
-
 async def replay(
     trace: Trace,
     url: str,
+    options: ReplayOptions | None = None,
     *,
-    mode: str | ReplayMode = "timed",
-    speedup: float = 1.0,
-    duration_s: float | None = None,
-    slos: Sequence[SLO] = (),
-    model: str | None = None,
-    benchmark_mode: bool = True,
-    api_token: str | None = None,
-    timeout_s: float = 600,
     on_progress: ProgressCallback | None = None,
-    prompts: PromptFactory | None = None,
 ) -> ReplayResult:
-    """Send `trace` to `url` (`{url}/v1/completions`, streaming) and measure it.
+    """Send `trace` to `url` (`{url}/v1/completions`, streaming) and measure it, as
+    `options` says (default: `ReplayOptions()`, the recorded schedule at speed 1).
 
     `on_progress(elapsed_s, summary_so_far)` is called about once a second (in a worker
     thread, so a slow callback does not delay sends); returning True stops the replay:
     no new requests, in-flight ones cancelled (recorded with `cancelled=True`), and the
     result covers what was measured up to then.
     """
-    replay_mode = ReplayMode.parse(mode)
-    check_options(speedup, duration_s, timeout_s)
-    async with client_session(replay_mode, api_token) as session:
-        run = ReplayRun(
-            trace,
-            session,
-            url.rstrip("/") + "/v1/completions",
-            mode=replay_mode,
-            speedup=speedup,
-            duration_s=duration_s,
-            slos=tuple(slos),
-            model=model,
-            benchmark_mode=benchmark_mode,
-            timeout_s=timeout_s,
-            on_progress=on_progress,
-            prompts=prompts or PromptFactory(),
-        )
+    options = options or ReplayOptions()
+    async with client_session(options.mode, options.api_token) as session:
+        run = ReplayRun(trace, session, url.rstrip("/") + "/v1/completions", options,
+                        on_progress=on_progress)
         result = await run.run()
     warn_if_lagging(result.summary)
     return result

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from workloads.errors import WorkloadError
-from workloads.replay import ReplayMode, replay
+from workloads.replay import ReplayMode, ReplayOptions, replay
 from workloads.replay_summary import ReplayResult, ReplaySummary
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace
@@ -93,20 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if not len(trace):
         raise WorkloadError(f"{args.workload}: the trace has no requests")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    result = asyncio.run(
-        replay(
-            trace,
-            args.url,
-            mode=mode,
-            speedup=args.speedup,
-            duration_s=args.duration,
-            slos=slos,
-            model=args.model,
-            benchmark_mode=args.benchmark_mode,
-            api_token=args.api_key,
-            timeout_s=args.timeout,
-        )
-    )
+    options = ReplayOptions(mode=mode, speedup=args.speedup, duration_s=args.duration, slos=slos,
+                            model=args.model, benchmark_mode=args.benchmark_mode,
+                            api_token=args.api_key, timeout_s=args.timeout)
+    result = asyncio.run(replay(trace, args.url, options))
     print(format_summary(result.summary, title=f"Replay of {trace.source} ({mode})"))
     if args.out is not None:
         result.write(args.out, summary_path(args.out))

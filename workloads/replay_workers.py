@@ -32,15 +32,12 @@ from typing import Any, Literal
 import numpy as np
 
 from workloads.errors import WorkloadError
-from workloads.prompts import PromptFactory
 from workloads.replay import (
     ProgressCallback,
-    ReplayMode,
+    ReplayOptions,
     ReplayRun,
-    check_options,
     client_session,
     each_second,
-    planned_requests,
     replay,
     warn_if_lagging,
 )
@@ -81,54 +78,34 @@ class _WorkerSpec:
     trace: Trace  # this worker's share, timestamps unchanged
     indices: np.ndarray  # the share's request indices in the whole trace
     url: str
-    speedup: float
-    duration_s: float | None
-    slos: tuple[SLO, ...]
-    model: str | None
-    benchmark_mode: bool
-    api_token: str | None
-    timeout_s: float
-    prompts: PromptFactory
+    options: ReplayOptions
 
 
 async def replay_with_workers(
     trace: Trace,
     url: str,
+    options: ReplayOptions | None = None,
     *,
     workers: int | Literal["auto"] = "auto",
-    mode: str | ReplayMode = "timed",
-    speedup: float = 1.0,
-    duration_s: float | None = None,
-    slos: tuple[SLO, ...] | list[SLO] = (),
-    model: str | None = None,
-    benchmark_mode: bool = True,
-    api_token: str | None = None,
-    timeout_s: float = 600,
     on_progress: ProgressCallback | None = None,
-    prompts: PromptFactory | None = None,
 ) -> ReplayResult:
     """`workloads.replay.replay` spread over `workers` processes (`auto`: `auto_workers`).
     The closed-loop mode and one worker run in this process, as `replay` does."""
-    replay_mode = ReplayMode.parse(mode)
-    check_options(speedup, duration_s, timeout_s)
-    count = auto_workers(trace, speedup) if workers == "auto" else int(workers)
+    options = options or ReplayOptions()
+    count = auto_workers(trace, options.speedup) if workers == "auto" else int(workers)
     if count < 1:
         raise WorkloadError(f"replay workers {workers!r}: must be >= 1 or 'auto'")
-    planned = planned_requests(trace, replay_mode, speedup, duration_s)
+    planned = options.planned(trace)
     count = min(count, max(planned, 1))
-    if count == 1 or replay_mode.kind != "timed":
-        return await replay(trace, url, mode=replay_mode, speedup=speedup, duration_s=duration_s,
-                            slos=slos, model=model, benchmark_mode=benchmark_mode, api_token=api_token,
-                            timeout_s=timeout_s, on_progress=on_progress, prompts=prompts)
+    if count == 1 or options.mode.kind != "timed":
+        return await replay(trace, url, options, on_progress=on_progress)
     specs = [
-        _WorkerSpec(worker=k, trace=trace.subset(share), indices=share, url=url, speedup=speedup,
-                    duration_s=duration_s, slos=tuple(slos), model=model, benchmark_mode=benchmark_mode,
-                    api_token=api_token, timeout_s=timeout_s, prompts=prompts or PromptFactory())
+        _WorkerSpec(worker=k, trace=trace.subset(share), indices=share, url=url, options=options)
         for k in range(count)
         if (share := np.arange(k, planned, count, dtype=np.int64)).size
     ]
     logger.info("replaying %d requests with %d worker processes", planned, len(specs))
-    return await _Parent(specs, tuple(slos), planned, on_progress).run()
+    return await _Parent(specs, options.slos, planned, on_progress).run()
 
 
 class _Parent:
@@ -265,14 +242,9 @@ def _worker_main(spec: _WorkerSpec, outbox: Any, start: Connection, stop: Any) -
 
 async def _worker(spec: _WorkerSpec, outbox: Any, start: Connection, stop: Any) -> None:
     batch: list[Any] = []
-    mode = ReplayMode.parse("timed")
-    async with client_session(mode, spec.api_token) as session:
-        run = ReplayRun(
-            spec.trace, session, spec.url.rstrip("/") + "/v1/completions", mode=mode, speedup=spec.speedup,
-            duration_s=spec.duration_s, slos=spec.slos, model=spec.model, benchmark_mode=spec.benchmark_mode,
-            timeout_s=spec.timeout_s, on_progress=None, prompts=spec.prompts, indices=spec.indices,
-            on_record=batch.append,
-        )
+    async with client_session(spec.options.mode, spec.options.api_token) as session:
+        run = ReplayRun(spec.trace, session, spec.url.rstrip("/") + "/v1/completions", spec.options,
+                        indices=spec.indices, on_record=batch.append)
         outbox.put(("ready", spec.worker))
         start_at = await asyncio.to_thread(start.recv)
         reporter = asyncio.create_task(_report(spec.worker, run, batch, outbox, stop))

@@ -34,10 +34,12 @@ same settings, window and steps so far; most of it is `LoadLadder`, which runs o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -53,7 +55,7 @@ from autotune.measure.scraper import (
     server_metrics,
 )
 from workloads.prompts import PromptFactory
-from workloads.replay import ReplayMode, replay
+from workloads.replay import ProgressCallback, ReplayMode, ReplayOptions, replay
 from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary
 from workloads.slo import SLO, request_value_ms
 from workloads.trace import Trace
@@ -65,6 +67,7 @@ __all__ = [
     "LadderSettings",
     "LadderStep",
     "LoadLadder",
+    "ReplayFunction",
     "allowed_misses",
     "recorded_rate",
     "step_trace",
@@ -218,11 +221,39 @@ def offered_rate(trace: Trace) -> float:
     return (len(trace) - 1) / span
 
 
+class ReplayFunction(Protocol):
+    """What `LoadLadder` calls to run one step (`workloads.replay.replay` by default):
+
+        result = await replay_fn(trace, url, options, on_progress=callback)
+
+    - `trace`: the step's requests (`step_trace`: the window's first requests, repeated as
+      needed, their arrival times already divided by the step's speed-up).
+    - `url`: the server's base URL (`http://HOST:PORT`); requests go to `{url}/v1/completions`.
+    - `options`: a `workloads.replay.ReplayOptions`: timed mode at speed-up 1 (send request i
+      at its timestamp after the start), the ladder's SLOs and per-request timeout, benchmark
+      mode on (exact output lengths), no duration cut, and a `PromptFactory` seeded per step
+      (fresh prompt tokens every step). Honour all of them as `replay` does.
+    - `on_progress(elapsed_s, summary_so_far)`: call it about once a second with the run's
+      `ReplaySummary` so far (`Tally.summary(elapsed, planned=..., late=...)`: the ladder's
+      early verdicts read `completed`, `failed` and `slo_violations`, which must count the
+      requests still in flight that already miss a TTFT / E2E threshold, `ReplayRun.late_counts`).
+      It may block: call it off the event loop. When it returns True, stop sending, cancel what
+      is in flight (records with `cancelled=True`) and return with `summary.stopped_early=True`.
+    - returns a `ReplayResult` whose `records` hold every request sent (index = the
+      request's index in `trace`) and whose `summary` covers the run.
+    Errors of single requests are records, not exceptions; an exception ends the trial.
+    """
+
+    def __call__(self, trace: Trace, url: str, options: ReplayOptions, *,
+                 on_progress: ProgressCallback | None = None) -> Awaitable[ReplayResult]: ...
+
+
 class LoadLadder:
     """Runs one ladder against a started server.
 
     `check_alive()` raises when the server died (the trial runner classifies it);
-    `on_sample` keeps the runner's view of the server's child processes fresh.
+    `on_sample` keeps the runner's view of the server's child processes fresh; `replay_fn`
+    runs one step (`ReplayFunction`: the contract an in-process replayer must keep).
     """
 
     def __init__(
@@ -230,22 +261,23 @@ class LoadLadder:
         settings: LadderSettings,
         *,
         url: str,
-        slos: Sequence[SLO],
+        replay: ReplayOptions,
         scraper: MetricsScraper,
-        timeout_s: float = 600,
         scrape_interval_s: float = 1.0,
         on_sample: Callable[[], None] | None = None,
         check_alive: Callable[[str], None] | None = None,
         say: Callable[[str], None] | None = None,
-        replay_fn: Callable[..., Awaitable[ReplayResult]] = replay,
+        replay_fn: ReplayFunction = replay,
     ) -> None:
-        if not slos:
+        if not replay.slos:
             raise AutotuneError("the capacity objective needs at least one SLO (--slo ...)")
         self.settings = settings
         self.url = url
-        self.slos = tuple(slos)
+        # Each step replays with these options' SLOs, timeout, model and token, on the
+        # recorded schedule of its own step trace (`_step_options`).
+        self.replay = replay
+        self.slos = replay.slos
         self.scraper = scraper
-        self.timeout_s = timeout_s
         self.scrape_interval_s = scrape_interval_s
         self.on_sample = on_sample
         self.check_alive = check_alive or (lambda when: None)
@@ -340,16 +372,8 @@ class LoadLadder:
         sampler.start()
         started = time.monotonic()
         try:
-            result = await self.replay_fn(
-                trace,
-                self.url,
-                mode=ReplayMode(kind="timed"),
-                slos=self.slos,
-                benchmark_mode=True,
-                timeout_s=self.timeout_s,
-                on_progress=decided,
-                prompts=PromptFactory(seed=index + 1),
-            )
+            result = await self.replay_fn(trace, self.url, self._step_options(index),
+                                          on_progress=decided)
         finally:
             seconds = time.monotonic() - started
             timeline = await sampler.stop()
@@ -394,6 +418,12 @@ class LoadLadder:
             f"{step.offered_rps:.3g} req/s in this stretch), {seconds:.0f} s: {verdict} ({reason})"
         )
         return step
+
+    def _step_options(self, index: int) -> ReplayOptions:
+        """Step `index`'s replay: timed, at the step trace's own times (speed-up 1, no cut),
+        with fresh prompt tokens (its own seed), so no step hits what another left cached."""
+        return dataclasses.replace(self.replay, mode=ReplayMode(kind="timed"), speedup=1.0,
+                                   duration_s=None, prompts=PromptFactory(seed=index + 1))
 
     def _certain(
         self, summary: ReplaySummary, limits: dict[str, int], planned: int

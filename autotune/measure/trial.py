@@ -42,10 +42,9 @@ from autotune.measure.servers import TrialServer
 from autotune.measure.signals import stop_reason
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
-from workloads.replay import ReplayMode, replay
+from workloads.replay import ReplayOptions, replay
 from workloads.replay_summary import ReplayResult, ReplaySummary, write_records
 from workloads.replay_workers import replay_with_workers
-from workloads.slo import SLO
 from workloads.trace import Trace, TraceRequest
 
 __all__ = [
@@ -179,13 +178,10 @@ class TrialRunner:
         startup_timeout_s: float = 300,
         warmup_requests: int = 4,
         host: str = "127.0.0.1",
-        mode: str = "timed",
-        speedup: float = 1.0,
-        slos: Sequence[SLO] = (),
+        replay: ReplayOptions | None = None,
         scrape_interval_s: float = 1.0,
         stale_registry: Path | None = None,
         max_error_fraction: float = 0.05,
-        request_timeout_s: float = 600,
         server_command: Sequence[str] | None = None,
         ladder: LadderSettings | None = None,
         say: Callable[[str], None] | None = None,
@@ -202,13 +198,12 @@ class TrialRunner:
         self.startup_timeout_s = startup_timeout_s
         self.warmup_requests = warmup_requests
         self.host = host
-        self.mode = ReplayMode.parse(mode)  # a bad mode fails here, not at the first trial
-        self.speedup = speedup
-        self.slos = tuple(slos)
+        # How the window is replayed (mode, speed-up, SLOs, per-request timeout); a ladder
+        # replays it at its own speed-ups with these SLOs and timeout.
+        self.replay = replay or ReplayOptions()
         self.scrape_interval_s = scrape_interval_s
         self.stale_registry = stale_registry
         self.max_error_fraction = max_error_fraction
-        self.request_timeout_s = request_timeout_s
         self.server_command = server_command
         self.server = server or TrialServer()
         # Replayer processes for the measured window (auto: more than one only at rates one
@@ -308,14 +303,7 @@ class TrialRunner:
             started = time.monotonic()
             try:
                 trial.result = await replay_with_workers(
-                    window,
-                    server.url,
-                    workers=self.replay_workers,
-                    mode=self.mode,
-                    speedup=self.speedup,
-                    slos=self.slos,
-                    benchmark_mode=True,
-                    timeout_s=self.request_timeout_s,
+                    window, server.url, self.replay, workers=self.replay_workers,
                     on_progress=should_prune,
                 )
             finally:
@@ -352,9 +340,8 @@ class TrialRunner:
             ladder = LoadLadder(
                 settings,
                 url=server.url,
-                slos=self.slos,
+                replay=self.replay,
                 scraper=scraper,
-                timeout_s=self.request_timeout_s,
                 scrape_interval_s=self.scrape_interval_s,
                 on_sample=server.track_children,
                 check_alive=lambda when: self._check_alive(server, when),
@@ -419,9 +406,7 @@ class TrialRunner:
         result = await replay(
             Trace.from_requests(requests, source="warm-up"),
             server.url,
-            mode=f"concurrency={self.warmup_requests}",
-            benchmark_mode=True,
-            timeout_s=self.request_timeout_s,
+            ReplayOptions(mode=f"concurrency={self.warmup_requests}", timeout_s=self.replay.timeout_s),
         )
         self._check_alive(server, "during warm-up")
         if result.summary.completed == 0:

@@ -28,8 +28,8 @@ from autotune.search.gate import (
     decide_min_memory,
     round_robin,
 )
-from autotune.search.objective import Objective, evaluate
-from autotune.search.study_store import StudyOptions
+from autotune.search.objective import evaluate
+from autotune.search.study_store import SearchInputs, StudyOptions
 from autotune.search.trial_records import (
     feasible,
     is_baseline,
@@ -42,7 +42,6 @@ from autotune.search.trial_records import (
 )
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
-from workloads.slo import SLO
 from workloads.trace import Trace
 
 
@@ -75,27 +74,15 @@ class GateRunner:
     def __init__(
         self,
         options: StudyOptions,
+        inputs: SearchInputs,
         *,
-        objective: Objective,
-        slos: Sequence[SLO],
-        baseline: ServerConfig,
-        tuning_window: Trace,
-        holdout_window: Trace,
         runner: Runner,
-        comparisons: dict[str, ServerConfig],
-        effective_defaults: dict[str, Any],
         say: Callable[[str], None],
         clock: Callable[[], float],
     ) -> None:
         self.options = options
-        self.objective = objective
-        self.slos = list(slos)
-        self.baseline = baseline
-        self.tuning_window = tuning_window
-        self.holdout_window = holdout_window
+        self.inputs = inputs
         self.runner = runner
-        self.comparisons = comparisons
-        self.effective_defaults = effective_defaults
         self.say = say
         self.clock = clock
 
@@ -108,11 +95,11 @@ class GateRunner:
             for t in study.get_trials(deepcopy=False)
             if feasible(t) and (include_baseline or not is_baseline(t))
         ]
-        if self.objective.kind == "pareto":
+        if self.inputs.objective.kind == "pareto":
             # Only Pareto-optimal configs go to the gate; ranked there by throughput.
             front = {t.number for t in study.best_trials}
             candidates = [t for t in candidates if t.number in front]
-        candidates.sort(key=lambda t: (self.objective.rank_key(t.user_attrs.get("score", 0.0)), t.number))
+        candidates.sort(key=lambda t: (self.inputs.objective.rank_key(t.user_attrs.get("score", 0.0)), t.number))
         chosen: list[FrozenTrial] = []
         seen: list[dict[str, Any]] = []
         for trial in candidates:
@@ -127,8 +114,8 @@ class GateRunner:
 
     def decide(self, measurements: Sequence[Measurement]) -> GateDecision:
         """The gate's rule for this study's objective (autotune.search.gate)."""
-        if self.objective.kind == "min-memory":
-            return decide_min_memory(measurements, headroom=float(self.objective.headroom or 1.0))
+        if self.inputs.objective.kind == "min-memory":
+            return decide_min_memory(measurements, headroom=float(self.inputs.objective.headroom or 1.0))
         return decide(measurements, seed=self.options.seed)
 
     def baseline_trial(self, study: optuna.Study) -> FrozenTrial | None:
@@ -137,7 +124,7 @@ class GateRunner:
 
     def estimated_gate_s(self, typical_trial_s: float) -> float:
         runs = (self.options.top_k + 1) * self.options.repeats
-        per_run = typical_trial_s - self.tuning_window.duration_s() + self.holdout_window.duration_s()
+        per_run = typical_trial_s - self.inputs.tuning_window.duration_s() + self.inputs.holdout_window.duration_s()
         return runs * max(per_run, 0.0)
 
     def ladder_start(self, study: optuna.Study, window: Trace, rps: float | None) -> dict[str, Any]:
@@ -145,7 +132,7 @@ class GateRunner:
         else at the best capacity of the study so far, as a speed-up of `window`; nothing
         for the other objectives (their runners take no such keyword, or, min-memory, their
         single step is always at the headroom)."""
-        if not self.objective.measures_capacity:
+        if not self.inputs.objective.measures_capacity:
             return {}
         if rps is None:
             best = self.best_trials(study, 1, include_baseline=True)
@@ -187,10 +174,10 @@ class GateRunner:
         """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
         options = self.options
         top = self.best_trials(study, options.top_k)
-        candidates: dict[str, ServerConfig] = {BASELINE: trial_config(self.baseline, {})}
+        candidates: dict[str, ServerConfig] = {BASELINE: trial_config(self.inputs.baseline, {})}
         for trial in top:
-            candidates[trial_label(trial.number)] = trial_config(self.baseline, trial.user_attrs.get("overrides", {}))
-        candidates.update(self.comparisons)
+            candidates[trial_label(trial.number)] = trial_config(self.inputs.baseline, trial.user_attrs.get("overrides", {}))
+        candidates.update(self.inputs.comparisons)
         # Capacity ladders start where the search found each config's cliff (comparisons
         # and a baseline without a search trial start at the baseline's).
         baseline_trial = self.baseline_trial(study)
@@ -225,29 +212,17 @@ class GateRunner:
             run_start = self.clock()
             outcome = self.runner.run(
                 candidates[name],
-                self.holdout_window,
+                self.inputs.holdout_window,
                 run_dir,
-                **self.ladder_start(study, self.holdout_window, hint),
+                **self.ladder_start(study, self.inputs.holdout_window, hint),
             )
-            evaluation = evaluate(outcome, self.objective, self.slos,
-                                  memory=memory_of(candidates[name], self.effective_defaults))
-            measurements.append(
-                Measurement(
-                    candidate=name,
-                    repeat=repeat,
-                    value=evaluation.score,
-                    slo_met=evaluation.slo_met,
-                    ok=evaluation.ok,
-                    failure=evaluation.failure,
-                    margins_ms=evaluation.margins_ms,
-                    host=host,
-                    wall_s=round(self.clock() - run_start, 1),
-                    server_s=round(server_seconds(outcome), 1),
-                    headroom=evaluation.headroom,
-                    kv_cache_gib=evaluation.kv_cache_gib,
-                    kv_cache_tokens=evaluation.kv_cache_tokens,
-                )
-            )
+            evaluation = evaluate(outcome, self.inputs.objective, self.inputs.slos,
+                                  memory=memory_of(candidates[name], self.inputs.effective_defaults))
+            measurements.append(Measurement(
+                candidate=name, repeat=repeat, value=evaluation.score, host=host,
+                wall_s=round(self.clock() - run_start, 1), server_s=round(server_seconds(outcome), 1),
+                **evaluation.model_dump(include=KEPT_FROM_EVALUATION),
+            ))
             write_text_atomic(
                 record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
             )
@@ -256,13 +231,13 @@ class GateRunner:
                 status = f"{evaluation.headroom:.2f}x the recorded rate" + (
                     "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})"
                 )
-            if self.objective.kind == "min-memory":
-                status = memory_status(evaluation, self.objective)
+            if self.inputs.objective.kind == "min-memory":
+                status = memory_status(evaluation, self.inputs.objective)
             self.say(
                 f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
-                f"{self.objective.format_score(evaluation.score)}, {status}"
+                f"{self.inputs.objective.format_score(evaluation.score)}, {status}"
             )
-        searched = [m for m in measurements if m.candidate not in self.comparisons]
+        searched = [m for m in measurements if m.candidate not in self.inputs.comparisons]
         decision = self.decide(searched)
         return ValidationResult(
             measurements, decision, candidates, run_dirs,
@@ -270,6 +245,11 @@ class GateRunner:
             (self.clock() - start) + sum(m.wall_s or 0.0 for m in done),
             sum(m.server_s or 0.0 for m in measurements)
         )
+
+
+# The Evaluation fields a gate Measurement keeps as they are (same names).
+KEPT_FROM_EVALUATION = {"slo_met", "ok", "failure", "margins_ms", "headroom", "kv_cache_gib",
+                        "kv_cache_tokens"}
 
 
 def machine_identity() -> str:

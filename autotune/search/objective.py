@@ -195,6 +195,13 @@ class Evaluation(BaseModel):
     def feasible(self) -> bool:
         return all(value <= 0 for value in self.constraints.values())
 
+    @classmethod
+    def of(cls, outcome: Any, **scored: Any) -> Evaluation:
+        """`outcome` (a TrialOutcome) scored: whether it ran and why not as the outcome says,
+        the rest as `scored` says."""
+        return cls(ok=bool(outcome.ok), failure=outcome.failure,
+                   failure_detail=outcome.failure_detail, **scored)
+
 
 def measured_percentile(
     summary: Any, trial_dir: str | Path | None, metric: str, percentile: float
@@ -294,16 +301,14 @@ def evaluate(
         values = [throughput, latency if latency is not None else math.inf]
     else:
         values = [score]
-    return Evaluation(
+    return Evaluation.of(
+        outcome,
         values=values,
         score=score,
         measured_ms=measured,
         margins_ms=margins,
         constraints=constraints,
         slo_met=slo_met,
-        ok=bool(outcome.ok),
-        failure=outcome.failure,
-        failure_detail=outcome.failure_detail,
     )
 
 
@@ -328,7 +333,8 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
     step = capacity.passing_step() if capacity is not None else None
     measured, margins = step_percentiles(step, slos)
     headroom = capacity.headroom if capacity is not None else 0.0
-    return Evaluation(
+    return Evaluation.of(
+        outcome,
         values=[rps],
         score=rps,
         measured_ms=measured,
@@ -336,9 +342,6 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
         # Carrying anything at all is the only hard constraint: SLOs are inside the number.
         constraints={"ran": 0.0 if rps > 0 else 1.0},
         slo_met=bool(outcome.ok) and rps > 0 and headroom >= 1.0,
-        ok=bool(outcome.ok),
-        failure=outcome.failure,
-        failure_detail=outcome.failure_detail,
         capacity_rps=rps,
         headroom=headroom,
     )
@@ -362,16 +365,14 @@ def _evaluate_min_memory(outcome: Any, slos: Sequence[SLO], memory: float | None
     # too many errors, a client that lagged): the step's own verdict is a constraint too.
     constraints["step"] = 0.0 if passed else 1.0
     kv = getattr(outcome, "kv_cache", None)
-    return Evaluation(
+    return Evaluation.of(
+        outcome,
         values=[float(memory) if passed else math.inf],
         score=float(memory),
         measured_ms=measured,
         margins_ms=margins,
         constraints=constraints,
         slo_met=passed,
-        ok=bool(outcome.ok),
-        failure=outcome.failure,
-        failure_detail=outcome.failure_detail,
         memory=float(memory),
         kv_cache_gib=kv.gib if kv is not None else None,
         kv_cache_tokens=kv.tokens if kv is not None else None,

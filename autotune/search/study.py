@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,11 @@ from autotune.search.gate_runner import GateRunner, Runner, ValidationResult
 from autotune.search.objective import (
     CONFIG_FAILURES,
     Evaluation,
-    Objective,
     evaluate,
     invalid_config_evaluation,
 )
-from autotune.search.space import POW2_PREFIX, SearchSpace
-from autotune.search.study_store import StudyOptions, StudyStore
+from autotune.search.space import POW2_PREFIX
+from autotune.search.study_store import SearchInputs, StudyOptions, StudyStore
 from autotune.search.trial_records import (
     counts_toward_budget,
     describe_trial,
@@ -61,8 +60,6 @@ from autotune.search.trial_records import (
     trial_label,
 )
 from server.config import ServerConfig
-from workloads.slo import SLO
-from workloads.trace import Trace
 
 # Relation operands that are not usually search parameters but matter for the built-ins.
 CONTEXT_KEYS = ("max_model_len", "enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens")
@@ -77,16 +74,8 @@ class TuningStudy:
         self,
         *,
         options: StudyOptions,
-        space: SearchSpace,
-        objective: Objective,
-        slos: Sequence[SLO],
-        baseline: ServerConfig,
-        baseline_source: str,
-        tuning_window: Trace,
-        holdout_window: Trace,
+        inputs: SearchInputs,
         runner: Runner,
-        comparisons: dict[str, ServerConfig] | None = None,
-        effective_defaults: dict[str, Any] | None = None,
         study_attrs: dict[str, Any] | None = None,
         reap: Callable[[Path], list[int]] | None = None,
         say: Callable[[str], None] | None = None,
@@ -97,20 +86,8 @@ class TuningStudy:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.options = options
-        self.space = space
-        self.objective = objective
-        self.slos = list(slos)
-        # The baseline as the user runs it (serving settings included), and as measured:
-        # exact token counts need the server's benchmark mode.
-        self.baseline = baseline
-        self.baseline_source = baseline_source
-        self.tuning_window = tuning_window
-        self.holdout_window = holdout_window
+        self.inputs = inputs
         self.runner = runner
-        # Configs measured beside the baseline in validation (e.g. the user's hand-tuned one):
-        # reported side by side, never eligible for export.
-        self.comparisons = dict(comparisons or {})
-        self.effective_defaults = dict(effective_defaults or {})
         self.study_attrs = dict(study_attrs or {})
         self.say = say or (lambda line: print(line, flush=True))
         self.clock = clock
@@ -124,13 +101,9 @@ class TuningStudy:
         self.study: optuna.Study | None = None
         self.search_wall_s = 0.0
         self.shared = False  # set by attach(): other processes run trials of this study too
-        # The storage and the gate are built from the same options and parts as the search.
-        common: dict[str, Any] = {"objective": objective, "slos": self.slos, "tuning_window": tuning_window,
-                                  "effective_defaults": self.effective_defaults, "say": self.say}
-        self.store = StudyStore(options, space=space, baseline_source=baseline_source,
-                                study_attrs=self.study_attrs, reap=reap, **common)
-        self.gate = GateRunner(options, baseline=baseline, holdout_window=holdout_window, runner=runner,
-                               comparisons=self.comparisons, clock=clock, **common)
+        # The storage and the gate work on the same options and inputs as the search.
+        self.store = StudyStore(options, inputs, study_attrs=self.study_attrs, reap=reap, say=self.say)
+        self.gate = GateRunner(options, inputs, runner=runner, say=self.say, clock=clock)
 
     def open(self) -> optuna.Study:
         """Create the study, or load it with --resume (`StudyStore.open`)."""
@@ -224,10 +197,10 @@ class TuningStudy:
         points to (autotune.search.first_moves), once per study. One move is queued at a time, so
         that a move that paid off is followed a step further before the next idea.
         min-memory bisects memory instead (`_queue_memory_descent`)."""
-        if self.objective.kind == "min-memory":
+        if self.inputs.objective.kind == "min-memory":
             self._queue_memory_descent(study)
             return
-        if not self.objective.measures_capacity:
+        if not self.inputs.objective.measures_capacity:
             return
         if "first_moves" not in study.user_attrs:
             baseline = self.gate.baseline_trial(study)
@@ -239,7 +212,7 @@ class TuningStudy:
             if ladder_file is not None and ladder_file.is_file():
                 capacity = CapacityResult.model_validate_json(ladder_file.read_text(encoding="utf-8"))
             values = baseline.user_attrs.get("engine_params") or {}
-            moves = first_moves(capacity, self.slos, self.space, values)
+            moves = first_moves(capacity, self.inputs.slos, self.inputs.space, values)
             study.set_user_attr("first_moves", [move.name for move in moves])
             study.set_user_attr("pending_moves", [move.model_dump(mode="json") for move in moves])
             if moves:
@@ -269,7 +242,7 @@ class TuningStudy:
                 continue
             if trial.number == baseline.number or (trial.user_attrs.get("move_detail") or {}).get("knob") == MEMORY:
                 points.append((float(params[MEMORY]), feasible(trial)))
-        move = memory_descent(points, self.space, base)
+        move = memory_descent(points, self.inputs.space, base)
         if move is not None:
             if "first_moves" not in study.user_attrs:
                 study.set_user_attr("first_moves", [move.name])
@@ -278,7 +251,7 @@ class TuningStudy:
 
     def _queue_move(self, study: optuna.Study, move: Move) -> None:
         study.enqueue_trial(
-            self.space.fixed_params(move.values),
+            self.inputs.space.fixed_params(move.values),
             user_attrs={"move": move.name, "move_why": move.why,
                         "move_detail": move.model_dump(mode="json")},
             skip_if_exists=True,
@@ -295,7 +268,7 @@ class TuningStudy:
         baseline = self.gate.baseline_trial(study)
         base = (baseline.user_attrs.get("engine_params") or {}) if baseline else {}
         mine = trial.user_attrs.get("engine_params") or {}
-        changed = [k for k in self.space.params if k in mine and mine.get(k) != base.get(k)]
+        changed = [k for k in self.inputs.space.params if k in mine and mine.get(k) != base.get(k)]
         if len(changed) != 1 or not base.get(changed[0]):
             return None
         knob = changed[0]
@@ -313,7 +286,7 @@ class TuningStudy:
             score = float(trial.user_attrs.get("capacity_rps") or 0.0) if feasible(trial) else 0.0
             move = self._as_move(study, trial)
             if move is not None and trial.number not in followed and trial.state.is_finished():
-                nxt = follow_up(move, self.space) if score > best_before * 1.02 else None
+                nxt = follow_up(move, self.inputs.space) if score > best_before * 1.02 else None
                 if nxt is not None:
                     found.append(nxt)
                     self.say(f"{trial_label(trial.number)} ({move.name}) paid off: next {nxt.name}")
@@ -330,9 +303,9 @@ class TuningStudy:
         # without it (autotune.decide.outcome).
         if any(is_baseline(t) and t.state in measured and not t.user_attrs.get("failure") for t in trials):
             return
-        known = {**self.effective_defaults, **explicit_engine(self.baseline)}
-        fixed = self.space.fixed_params(known)
-        names = [n for n in self.space.params if n in fixed or f"{POW2_PREFIX}{n}" in fixed]
+        known = {**self.inputs.effective_defaults, **explicit_engine(self.inputs.baseline)}
+        fixed = self.inputs.space.fixed_params(known)
+        names = [n for n in self.inputs.space.params if n in fixed or f"{POW2_PREFIX}{n}" in fixed]
         study.enqueue_trial(fixed, user_attrs={"baseline": True, "fixed": names})
 
     def trial_dir(self, number: int) -> Path:
@@ -341,7 +314,7 @@ class TuningStudy:
 
     def trial_config(self, params: dict[str, Any]) -> ServerConfig:
         """The baseline with `params` on top, in benchmark mode (exact output lengths)."""
-        return trial_config(self.baseline, params)
+        return trial_config(self.inputs.baseline, params)
 
     def run_one(self, study: optuna.Study) -> FrozenTrial:
         """Ask for a trial (a queued one first: the baseline, a retry), measure it, tell it."""
@@ -380,32 +353,32 @@ class TuningStudy:
             self.say(f"{label}: retrying {trial_label(int(retry_of))}, which its worker did not finish")
         if baseline:
             # Only the enqueued values are "suggested"; the rest stays vLLM's (or the file's).
-            self.space.suggest(trial, only=set(trial.user_attrs.get("fixed", [])))
+            self.inputs.space.suggest(trial, only=set(trial.user_attrs.get("fixed", [])))
             params: dict[str, Any] = {}
         else:
-            params = self.space.suggest(trial)
+            params = self.inputs.space.suggest(trial)
         config = self.trial_config(params)
-        context = {**self.effective_defaults, **explicit_engine(config)}
-        trial.set_user_attr("engine_params", {k: context.get(k) for k in self.space.params})
+        context = {**self.inputs.effective_defaults, **explicit_engine(config)}
+        trial.set_user_attr("engine_params", {k: context.get(k) for k in self.inputs.space.params})
         trial.set_user_attr("overrides", params)
-        trial.set_user_attr("explicit", sorted(k for k in explicit_engine(config) if k in self.space.params))
+        trial.set_user_attr("explicit", sorted(k for k in explicit_engine(config) if k in self.inputs.space.params))
         trial.set_user_attr("trial_dir", str(trial_dir))
-        broken = [] if baseline else self.space.broken_relations(context)
+        broken = [] if baseline else self.inputs.space.broken_relations(context)
         if broken:
             reason = "breaks " + "; ".join(broken)
             trial_dir.mkdir(parents=True, exist_ok=True)
             config.write(trial_dir / "config.yaml", header=f"not launched: {reason}")
-            evaluation = invalid_config_evaluation(self.objective, self.slos, reason)
+            evaluation = invalid_config_evaluation(self.inputs.objective, self.inputs.slos, reason)
             trial.set_user_attr("broken_relations", broken)
             return self._tell(study, trial, evaluation, wall_s=0.0, server_s=0.0)
         started = self.clock()
         try:
             outcome = self.runner.run(
                 config,
-                self.tuning_window,
+                self.inputs.tuning_window,
                 trial_dir,
                 should_prune=None if baseline else self._prune_callback(trial),
-                **self.gate.ladder_start(study, self.tuning_window, None),
+                **self.gate.ladder_start(study, self.inputs.tuning_window, None),
             )
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.measure.signals)
             closed = self._close_failed(study, trial, f"{stop_reason(stop)} during the trial; its server was stopped")
@@ -432,7 +405,7 @@ class TuningStudy:
                 trial.set_user_attr("interrupted", outcome.failure_detail or "interrupted")
             study.tell(trial, state=TrialState.FAIL)
             return study.trials[trial.number]
-        evaluation = evaluate(outcome, self.objective, self.slos, memory=memory_of(config, self.effective_defaults))
+        evaluation = evaluate(outcome, self.inputs.objective, self.inputs.slos, memory=memory_of(config, self.inputs.effective_defaults))
         return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
 
     @staticmethod
@@ -446,7 +419,7 @@ class TuningStudy:
         return True
 
     def _prune_callback(self, trial: optuna.Trial) -> Callable[[float, Any], bool] | None:
-        if self.objective.kind == "pareto" or self.objective.uses_ladder or not self.options.prune:
+        if self.inputs.objective.kind == "pareto" or self.inputs.objective.uses_ladder or not self.options.prune:
             return None
         reported: set[int] = set()
 
@@ -456,7 +429,7 @@ class TuningStudy:
                 return False
             reported.add(step)
             goodput = summary.request_goodput
-            value = summary.request_throughput if goodput is None or self.objective.kind == "throughput" else goodput
+            value = summary.request_throughput if goodput is None or self.inputs.objective.kind == "throughput" else goodput
             try:
                 trial.report(float(value), step)
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -491,7 +464,7 @@ class TuningStudy:
         elapsed = self.clock() - start
         best = self.gate.best_trials(study, 1, include_baseline=True)
         best_text = (
-            f"{self.objective.format_score(best[0].user_attrs['score'])} ({trial_label(best[0].number)})"
+            f"{self.inputs.objective.format_score(best[0].user_attrs['score'])} ({trial_label(best[0].number)})"
             if best
             else "none feasible yet"
         )
@@ -514,5 +487,5 @@ class TuningStudy:
             elapsed_s=elapsed,
             best=best_text,
             eta_s=eta,
-            this=f"{trial_label(frozen.number)}: {describe_trial(frozen, self.objective)}",
+            this=f"{trial_label(frozen.number)}: {describe_trial(frozen, self.inputs.objective)}",
         )

@@ -22,7 +22,7 @@ import sqlite3
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from autotune.errors import AutotuneError
 from autotune.search.objective import Objective
 from autotune.search.space import SearchSpace
 from autotune.search.trial_records import lost_worker, trial_label
+from server.config import ServerConfig
 from workloads.slo import SLO
 from workloads.trace import Trace
 
@@ -71,6 +72,31 @@ class StudyOptions:
     @property
     def registry_path(self) -> Path:
         return self.output_dir / "servers.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchInputs:
+    """What a study searches and judges, shared by the search (`TuningStudy`), its storage
+    (`StudyStore`) and the gate (`GateRunner`). Each field is the `TuningPlan` field of that
+    name (`autotune.pipeline.search_inputs`)."""
+
+    space: SearchSpace
+    objective: Objective
+    slos: list[SLO]
+    # The baseline as the user runs it (serving settings included), and where it came from.
+    baseline: ServerConfig
+    baseline_source: str
+    tuning_window: Trace
+    holdout_window: Trace
+    # Configs measured beside the baseline in validation (e.g. the user's hand-tuned one):
+    # reported side by side, never eligible for export.
+    comparisons: dict[str, ServerConfig] = dataclasses.field(default_factory=dict)
+    effective_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)  # vLLM's, resolved
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slos", list(self.slos))
+        object.__setattr__(self, "comparisons", dict(self.comparisons))
+        object.__setattr__(self, "effective_defaults", dict(self.effective_defaults))
 
 
 def check_writable(directory: Path) -> None:
@@ -186,24 +212,14 @@ class StudyStore:
     def __init__(
         self,
         options: StudyOptions,
+        inputs: SearchInputs,
         *,
-        objective: Objective,
-        slos: Sequence[SLO],
-        space: SearchSpace,
-        tuning_window: Trace,
-        baseline_source: str,
-        effective_defaults: dict[str, Any],
         study_attrs: dict[str, Any],
         reap: Callable[[Path], list[int]] | None,
         say: Callable[[str], None],
     ) -> None:
         self.options = options
-        self.objective = objective
-        self.slos = list(slos)
-        self.space = space
-        self.tuning_window = tuning_window
-        self.baseline_source = baseline_source
-        self.effective_defaults = effective_defaults
+        self.inputs = inputs
         self.study_attrs = study_attrs
         self.reap = reap
         self.say = say
@@ -211,9 +227,9 @@ class StudyStore:
     def settings_fingerprint(self) -> dict[str, Any]:
         """What must not change between a study and its --resume."""
         return {
-            "objective": self.objective.spec(),
-            "slos": [slo.spec() for slo in self.slos],
-            "space": self.space.fingerprint(),
+            "objective": self.inputs.objective.spec(),
+            "slos": [slo.spec() for slo in self.inputs.slos],
+            "space": self.inputs.space.fingerprint(),
         }
 
     def open(self) -> optuna.Study:
@@ -272,11 +288,11 @@ class StudyStore:
                 storage=storage,
                 sampler=sampler,
                 pruner=pruner,
-                directions=self.objective.directions,
+                directions=self.inputs.objective.directions,
             )
             study.set_user_attr("settings", self.settings_fingerprint())
-            study.set_user_attr("baseline_source", self.baseline_source)
-            study.set_user_attr("effective_defaults", self.effective_defaults)
+            study.set_user_attr("baseline_source", self.inputs.baseline_source)
+            study.set_user_attr("effective_defaults", self.inputs.effective_defaults)
             for key, value in self.study_attrs.items():
                 study.set_user_attr(key, value)
         return study
@@ -315,12 +331,12 @@ class StudyStore:
         return 10 if n is None else max(3, min(10, n // 3))
 
     def _pruner(self) -> optuna.pruners.BasePruner:
-        if not self.options.prune or self.objective.kind == "pareto" or self.objective.uses_ladder:
+        if not self.options.prune or self.inputs.objective.kind == "pareto" or self.inputs.objective.uses_ladder:
             # Optuna cannot prune multi-objective trials; a ladder abandons its own failing
             # steps and has no goodput-so-far to compare.
             return optuna.pruners.NopPruner()
         # Compare goodput-so-far only past 40% of the window: early seconds say little.
-        warmup = int(0.4 * self.tuning_window.duration_s())
+        warmup = int(0.4 * self.inputs.tuning_window.duration_s())
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup)
 
     def _check_same_settings(self, study: optuna.Study) -> None:

@@ -16,7 +16,7 @@ from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.plan import DEFAULT_TRIALS
 from autotune.search.objective import default_slos, parse_objective
 from autotune.search.space import SearchSpace
-from autotune.search.study import StudyOptions, TuningStudy
+from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from autotune.search.trial_records import engine_devices
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
@@ -68,15 +68,17 @@ def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tupl
         options=StudyOptions(study_name="budget", output_dir=tmp_path, n_trials=None,
                              gpu_seconds=gpu_seconds, prune=False,
                              storage=optuna.storages.InMemoryStorage()),
-        space=SearchSpace.default("cpu"),
-        objective=parse_objective("goodput", slos),
-        slos=slos,
-        baseline=ServerConfig(engine={"model": "/models/tiny", **engine}),
-        baseline_source="vLLM defaults",
-        tuning_window=window,
-        holdout_window=window,
+        inputs=SearchInputs(
+            space=SearchSpace.default("cpu"),
+            objective=parse_objective("goodput", slos),
+            slos=slos,
+            baseline=ServerConfig(engine={"model": "/models/tiny", **engine}),
+            baseline_source="vLLM defaults",
+            tuning_window=window,
+            holdout_window=window,
+            effective_defaults=EFFECTIVE,
+        ),
         runner=runner,
-        effective_defaults=EFFECTIVE,
         say=lines.append,
         clock=clock,
     )

@@ -72,7 +72,7 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
 
     from autotune.measure.trial import TrialOutcome
     from autotune.search.objective import Objective
-    from autotune.search.study import StudyOptions, TuningStudy
+    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
     from server.config import ServerConfig
     from workloads.trace import Trace, TraceRequest
 
@@ -99,10 +99,11 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
     runner = LadderRunner()
     study = TuningStudy(
         options=StudyOptions(study_name="moves", output_dir=tmp_path, n_trials=4, top_k=1, repeats=1),
-        space=SPACE, objective=Objective(kind="capacity"), slos=SLOS,
-        baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
-        tuning_window=window, holdout_window=window, runner=runner,
-        effective_defaults=DEFAULTS, say=lambda line: None,
+        inputs=SearchInputs(
+            space=SPACE, objective=Objective(kind="capacity"), slos=SLOS,
+            baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
+            tuning_window=window, holdout_window=window, effective_defaults=DEFAULTS),
+        runner=runner, say=lambda line: None,
     )
     study.run_search()
     # Baseline 8192, then a quarter (2048) paid off, so one step further (1024), then 4096.
@@ -139,7 +140,7 @@ def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_
 
     from autotune.measure.trial import TrialOutcome
     from autotune.search.objective import parse_objective
-    from autotune.search.study import StudyOptions, TuningStudy
+    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
     from server.config import ServerConfig
     from workloads.trace import Trace, TraceRequest
 
@@ -170,10 +171,12 @@ def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_
     }, [])
     study = TuningStudy(
         options=StudyOptions(study_name="mm", output_dir=tmp_path, n_trials=6, top_k=1, repeats=1),
-        space=space, objective=parse_objective("min-memory", SLOS, headroom=1.5), slos=SLOS,
-        baseline=ServerConfig(engine={"model": "fake", "gpu_memory_utilization": 0.3}),
-        baseline_source="deployed.yaml", tuning_window=window, holdout_window=window, runner=runner,
-        effective_defaults=DEFAULTS, say=lambda line: None,
+        inputs=SearchInputs(
+            space=space, objective=parse_objective("min-memory", SLOS, headroom=1.5), slos=SLOS,
+            baseline=ServerConfig(engine={"model": "fake", "gpu_memory_utilization": 0.3}),
+            baseline_source="deployed.yaml", tuning_window=window, holdout_window=window,
+            effective_defaults=DEFAULTS),
+        runner=runner, say=lambda line: None,
     )
     study.run_search()
     # 0.3 met; 0.2 met; 0.15 missed; 0.18 met; 0.17 met (within 0.02 of 0.15's miss: done); then TPE.

@@ -11,7 +11,7 @@ import pytest
 from autotune.measure.trial import TrialOutcome
 from autotune.search.objective import Objective
 from autotune.search.space import ParamSpec, SearchSpace
-from autotune.search.study import StudyOptions, TuningStudy
+from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
@@ -46,10 +46,11 @@ def study(tmp_path: Path, runner: Runner, *, resume: bool) -> TuningStudy:
     return TuningStudy(
         options=StudyOptions(study_name="g", output_dir=tmp_path, n_trials=3, top_k=1, repeats=3,
                              resume=resume, resume_gate=resume),
-        space=SPACE, objective=Objective(kind="goodput"), slos=[parse_slo("ttft_p95_ms=500")],
-        baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
-        tuning_window=WINDOW, holdout_window=WINDOW, runner=runner,
-        effective_defaults={"max_num_seqs": 8}, say=lambda line: None,
+        inputs=SearchInputs(
+            space=SPACE, objective=Objective(kind="goodput"), slos=[parse_slo("ttft_p95_ms=500")],
+            baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
+            tuning_window=WINDOW, holdout_window=WINDOW, effective_defaults={"max_num_seqs": 8}),
+        runner=runner, say=lambda line: None,
     )
 
 

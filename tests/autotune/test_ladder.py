@@ -22,6 +22,7 @@ from autotune.measure.ladder import (
 from autotune.measure.trial import TrialRunner
 from autotune.search.objective import Objective, evaluate
 from server.config import ServerConfig
+from workloads.replay import ReplayOptions
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import SLO, parse_slo
 from workloads.trace import Trace, TraceRequest
@@ -79,7 +80,8 @@ def _step(index: int, speedup: float, passed: bool) -> LadderStep:
 
 
 def _ladder(settings: LadderSettings, outcomes: list[tuple[float, bool]]) -> LoadLadder:
-    ladder = LoadLadder(settings, url="http://unused", slos=[parse_slo("ttft_p95_ms=100")],
+    ladder = LoadLadder(settings, url="http://unused",
+                        replay=ReplayOptions(slos=[parse_slo("ttft_p95_ms=100")]),
                         scraper=None)  # type: ignore[arg-type]
     ladder.steps = [_step(i, s, ok) for i, (s, ok) in enumerate(outcomes)]
     return ladder
@@ -141,7 +143,7 @@ def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: li
         warmup_requests=1,
         scrape_interval_s=0.2,
         stale_registry=tmp_path / "servers.json",
-        slos=slos,
+        replay=ReplayOptions(slos=slos),
         ladder=settings,
     )
 
@@ -203,7 +205,8 @@ def test_a_step_that_kills_the_server_ends_the_ladder_keeping_what_was_measured(
     runner = TrialRunner(
         server_command=[sys.executable, str(FAKE_SERVER), "--behaviour", str(behaviour)],
         startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
-        stale_registry=tmp_path / "servers.json", slos=[parse_slo("ttft_p95_ms=500")],
+        stale_registry=tmp_path / "servers.json",
+        replay=ReplayOptions(slos=[parse_slo("ttft_p95_ms=500")]),
         ladder=LadderSettings(step_requests=40, min_step_s=1.0, max_steps=4),
     )
     trial_dir = tmp_path / "crash"

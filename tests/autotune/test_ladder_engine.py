@@ -11,6 +11,7 @@ import pytest
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.trial import TrialRunner
 from server.config import ServerConfig, default_engine_settings
+from workloads.replay import ReplayOptions
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -35,7 +36,7 @@ def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path) -
     settings = LadderSettings(step_requests=21, min_step_s=3.0, resolution=0.5, max_steps=7,
                               min_speedup=0.25, max_speedup=4.0)
     runner = TrialRunner(startup_timeout_s=300, stale_registry=tmp_path / "servers.json",
-                         slos=slos, ladder=settings)
+                         replay=ReplayOptions(slos=slos), ladder=settings)
     # Answers of 200-260 tokens at 3 req/s: one sequence at a time needs ~0.65 s each on
     # this CPU (~2.7 ms a token), about twice the recorded rate's spacing, so its queue (and
     # TTFT) grows through the step, while the defaults decode two or three side by side.

@@ -12,7 +12,7 @@ from autotune.decide.report_plots import ReportInputs
 from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.search.objective import parse_objective
 from autotune.search.space import SearchSpace
-from autotune.search.study import StudyOptions, TuningStudy
+from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos
@@ -52,16 +52,18 @@ def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path) ->
     objective = parse_objective("goodput", SLOS)
     tuning = TuningStudy(
         options=StudyOptions(study_name="r", output_dir=tmp_path, n_trials=8, top_k=2, repeats=3),
-        space=SearchSpace.default("cpu"),
-        objective=objective,
-        slos=SLOS,
-        baseline=ServerConfig(engine={"model": "/m", "gpu_memory_utilization": 0.3}),
-        baseline_source="vLLM's defaults",
-        tuning_window=window,
-        holdout_window=window,
+        inputs=SearchInputs(
+            space=SearchSpace.default("cpu"),
+            objective=objective,
+            slos=SLOS,
+            baseline=ServerConfig(engine={"model": "/m", "gpu_memory_utilization": 0.3}),
+            baseline_source="vLLM's defaults",
+            tuning_window=window,
+            holdout_window=window,
+            effective_defaults={"max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                                "gpu_memory_utilization": 0.3, "usage_context": "OPENAI_API_SERVER"},
+        ),
         runner=FilesRunner(),
-        effective_defaults={"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                            "gpu_memory_utilization": 0.3, "usage_context": "OPENAI_API_SERVER"},
         say=lambda line: None,
     )
     study = tuning.run_search()
@@ -70,7 +72,7 @@ def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path) ->
         decision=result.decision, winner_overrides={}, objective=objective, slos=SLOS,
         study_name="r", storage_url="sqlite:///r.db", command_line=["autotune", "run"],
         model="/m", workload={"source": "t.jsonl", "fingerprint": "f00"},
-        baseline_source="vLLM's defaults", effective_defaults=tuning.effective_defaults,
+        baseline_source="vLLM's defaults", effective_defaults=tuning.inputs.effective_defaults,
         validation=[], search={},
     )
     path = write_report(tmp_path, ReportInputs(

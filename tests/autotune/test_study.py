@@ -25,7 +25,7 @@ from autotune.errors import AutotuneError
 from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.search.objective import default_slos, parse_objective
 from autotune.search.space import ParamSpec, SearchSpace
-from autotune.search.study import StudyOptions, TuningStudy
+from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
@@ -100,15 +100,17 @@ def make_study(tmp_path: Path, runner, *, n_trials: int = 5, resume: bool = Fals
     return TuningStudy(
         options=StudyOptions(study_name=name, output_dir=tmp_path, n_trials=n_trials, resume=resume,
                              top_k=2, repeats=2),
-        space=space or SearchSpace.default("cpu"),
-        objective=parse_objective("goodput", slos),
-        slos=slos,
-        baseline=baseline,
-        baseline_source="vLLM defaults",
-        tuning_window=window(10),
-        holdout_window=window(6),
+        inputs=SearchInputs(
+            space=space or SearchSpace.default("cpu"),
+            objective=parse_objective("goodput", slos),
+            slos=slos,
+            baseline=baseline,
+            baseline_source="vLLM defaults",
+            tuning_window=window(10),
+            holdout_window=window(6),
+            effective_defaults=EFFECTIVE,
+        ),
         runner=runner,
-        effective_defaults=EFFECTIVE,
         say=lambda line: None,
     )
 

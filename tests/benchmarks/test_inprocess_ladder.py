@@ -16,6 +16,7 @@ from autotune.measure.ladder import LadderSettings, LoadLadder
 from autotune.measure.scraper import MetricsSnapshot
 from server.engine import Delta, Generation
 from workloads.prompts import PromptFactory
+from workloads.replay import ReplayOptions
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -81,8 +82,8 @@ def window(n: int, spacing_ms: float, output_length: int = 5) -> Trace:
 def test_records_carry_the_engine_s_tokens_and_timings(bench: ModuleType) -> None:
     engine = StandInEngine()
     trace = window(12, 5.0, output_length=6)
-    run = bench.InProcessRun(engine, trace, slos=[parse_slo("ttft_p95_ms=5000")], timeout_s=30,
-                             on_progress=None, prompts=PromptFactory(seed=1))
+    run = bench.InProcessRun(engine, trace, ReplayOptions(slos=[parse_slo("ttft_p95_ms=5000")],
+                                                          timeout_s=30, prompts=PromptFactory(seed=1)))
     result = asyncio.run(run.run())
     assert [r.index for r in result.records] == list(range(12))
     assert engine.prompt_lengths and sorted(engine.prompt_lengths) == sorted(12 + i % 3 for i in range(12))
@@ -96,8 +97,7 @@ def test_records_carry_the_engine_s_tokens_and_timings(bench: ModuleType) -> Non
 
 def test_an_engine_error_is_a_failed_request_not_a_crash(bench: ModuleType) -> None:
     engine = StandInEngine(fail_every=3)
-    run = bench.InProcessRun(engine, window(9, 5.0), slos=[], timeout_s=30, on_progress=None,
-                             prompts=PromptFactory(seed=1))
+    run = bench.InProcessRun(engine, window(9, 5.0), ReplayOptions(timeout_s=30, prompts=PromptFactory(seed=1)))
     result = asyncio.run(run.run())
     failed = [r for r in result.records if r.error is not None]
     assert len(failed) == 3 and result.summary.completed == 6
@@ -112,8 +112,9 @@ def test_a_stop_from_the_ladder_cancels_what_is_in_flight(bench: ModuleType) -> 
         stops.append(elapsed)
         return True
 
-    run = bench.InProcessRun(engine, window(8, 1.0, output_length=40), slos=[], timeout_s=30,
-                             on_progress=stop_at_once, prompts=PromptFactory(seed=1))
+    run = bench.InProcessRun(engine, window(8, 1.0, output_length=40),
+                             ReplayOptions(timeout_s=30, prompts=PromptFactory(seed=1)),
+                             on_progress=stop_at_once)
     result = asyncio.run(run.run())
     assert stops and result.summary.stopped_early
     assert result.summary.cancelled >= 1 and engine.running == 0
@@ -126,7 +127,8 @@ def test_the_ladder_finds_a_capacity_in_process(bench: ModuleType) -> None:
     settings = LadderSettings(step_requests=40, min_step_s=0.5, start_speedup=1.0, growth=2.0,
                               resolution=0.5, max_steps=8, drain_timeout_s=10)
     slos = [parse_slo("ttft_p95_ms=100")]
-    ladder = LoadLadder(settings, url="in-process", slos=slos, scraper=IdleScraper(engine),  # type: ignore[arg-type]
+    ladder = LoadLadder(settings, url="in-process", replay=ReplayOptions(slos=slos),
+                        scraper=IdleScraper(engine),  # type: ignore[arg-type]
                         say=lambda _line: None, replay_fn=bench.engine_replay(engine))
     result = asyncio.run(ladder.run(window(40, 50.0, output_length=8)))  # 20 req/s recorded
     assert any(s.passed for s in result.steps) and any(not s.passed for s in result.steps)

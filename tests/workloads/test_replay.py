@@ -18,7 +18,7 @@ import pytest
 from autotune.measure.server_start import free_port
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptFactory
-from workloads.replay import ReplayMode, client_session, replay
+from workloads.replay import ReplayMode, ReplayOptions, client_session, replay
 from workloads.replay_summary import CLIENT_LAG_WARN_MS, ReplaySummary, summarize
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
@@ -63,8 +63,8 @@ def trace_of(
     )
 
 
-def run(trace: Trace, url: str, **kwargs):
-    return asyncio.run(replay(trace, url, **kwargs))
+def run(trace: Trace, url: str, on_progress=None, **options):
+    return asyncio.run(replay(trace, url, ReplayOptions(**options), on_progress=on_progress))
 
 
 # -- what one request measures --------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from workloads.errors import WorkloadError
-from workloads.replay import replay
+from workloads.replay import ReplayOptions, replay
 from workloads.replay_summary import ReplaySummary, summarize
 from workloads.replay_workers import RATE_PER_WORKER, auto_workers, replay_with_workers
 from workloads.slo import parse_slo
@@ -35,8 +35,9 @@ def served(url: str, tag: str) -> dict:
 def test_three_workers_send_every_request_once_as_one_process_would(echo: str) -> None:
     trace = trace_of(90, spacing_ms=10)
     slos = [parse_slo("ttft_p95_ms=1000"), parse_slo("e2el_p95_ms=5")]
-    result = asyncio.run(replay_with_workers(trace, f"{echo}/ttft=2,itl=2,tag=w3", workers=3, slos=slos))
-    single = asyncio.run(replay(trace, f"{echo}/ttft=2,itl=2,tag=w1", slos=slos))
+    options = ReplayOptions(slos=slos)
+    result = asyncio.run(replay_with_workers(trace, f"{echo}/ttft=2,itl=2,tag=w3", options, workers=3))
+    single = asyncio.run(replay(trace, f"{echo}/ttft=2,itl=2,tag=w1", options))
     # Every request exactly once, under its own index and schedule, as one process records it.
     assert [r.index for r in result.records] == list(range(90))
     assert [r.scheduled_s for r in result.records] == [r.scheduled_s for r in single.records]
@@ -80,13 +81,15 @@ def test_a_stop_from_on_progress_reaches_every_worker(echo: str) -> None:
 
 def test_duration_cuts_the_whole_schedule_across_workers(echo: str) -> None:
     trace = trace_of(20, spacing_ms=100, output_length=1)  # 0 .. 1.9 s
-    result = asyncio.run(replay_with_workers(trace, f"{echo}/tag=cutw", workers=2, speedup=2.0, duration_s=0.5))
+    result = asyncio.run(replay_with_workers(trace, f"{echo}/tag=cutw",
+                                             ReplayOptions(speedup=2.0, duration_s=0.5), workers=2))
     assert [r.index for r in result.records] == list(range(10))
 
 
 def test_closed_loop_and_one_worker_stay_in_this_process(echo: str) -> None:
     trace = trace_of(12, spacing_ms=0)
-    result = asyncio.run(replay_with_workers(trace, f"{echo}/tag=closed", workers=4, mode="concurrency=3"))
+    result = asyncio.run(replay_with_workers(trace, f"{echo}/tag=closed",
+                                             ReplayOptions(mode="concurrency=3"), workers=4))
     assert result.summary.completed == 12
     assert served(echo, "closed")["max_in_flight"] <= 3
 
