@@ -62,6 +62,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from workloads.errors import WorkloadError
+from workloads.gc_pauses import heap_frozen
 from workloads.prompts import PromptFactory
 from workloads.replay_summary import (
     CLIENT_LAG_WARN_MS,
@@ -439,6 +440,10 @@ class ReplayRun:
         else now."""
         # The first request is due at once: build it before the clock starts.
         first_body = self.body(0) if len(self.trace) else None
+        with heap_frozen():  # no full garbage collection stalls the schedule (gc_pauses)
+            return await self._run(first_body, start_at)
+
+    async def _run(self, first_body: bytes | None, start_at: float | None) -> ReplayResult:
         self.t0 = time.monotonic() if start_at is None else start_at
         if self.options.mode.kind == "timed":
             schedule = self._timed(first_body)

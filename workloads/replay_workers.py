@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from workloads.errors import WorkloadError
+from workloads.gc_pauses import freeze_heap, heap_frozen
 from workloads.replay import (
     ProgressCallback,
     ReplayOptions,
@@ -139,6 +140,10 @@ class _Parent:
     async def run(self) -> ReplayResult:
         for process in self.processes:
             process.start()
+        with heap_frozen():  # the merging loop must not stall either (workloads.gc_pauses)
+            return await self._run()
+
+    async def _run(self) -> ReplayResult:
         try:
             await self._start_together()
             progress = asyncio.create_task(self._progress()) if self.on_progress else None
@@ -245,6 +250,7 @@ async def _worker(spec: _WorkerSpec, outbox: Any, start: Connection, stop: Any) 
     async with client_session(spec.options.mode, spec.options.api_token) as session:
         run = ReplayRun(spec.trace, session, spec.url.rstrip("/") + "/v1/completions", spec.options,
                         indices=spec.indices, on_record=batch.append)
+        freeze_heap()  # before "ready": the collection it runs must not eat the start margin
         outbox.put(("ready", spec.worker))
         start_at = await asyncio.to_thread(start.recv)
         reporter = asyncio.create_task(_report(spec.worker, run, batch, outbox, stop))
