@@ -49,15 +49,9 @@ from workloads.trace import Trace
 logger = logging.getLogger(__name__)
 
 # What one worker is asked to send. Measured on the H100 host's 16 cores (results/benchmarks/
-# replayer_rate_gpu_host.md), streams of 16 tokens: at 1,000 req/s send-lag p99 was 33-41 ms
-# with one process, 23-27 with two, 5-9 with four and 2.0-2.7 with eight (one per 125 req/s).
+# replayer_rate_gpu_host.md): at 1,000 req/s send-lag p99 was 33-41 ms with one process,
+# 23-27 with two, 5-9 with four and 2.0-2.7 with eight (one per 125 req/s).
 RATE_PER_WORKER = 125.0
-REFERENCE_OUTPUT_TOKENS = 16
-# A client's work per request: its request and response (counted as one unit) plus one unit per
-# REFERENCE_OUTPUT_TOKENS streamed tokens, since each token can come as its own chunk. On an
-# H200 (results/benchmarks/frontend_capacity.md) workers sending ~100 req/s each of 65-token
-# answers to a server with four front-end processes (one chunk per token) lagged 10-41 ms at
-# p99: 2x the 16-token budget, which this cost puts them at.
 # Between the last worker saying "ready" and the common start: time for the start instant to
 # reach every worker before its first deadline.
 START_MARGIN_S = 0.1
@@ -68,20 +62,13 @@ READY_TIMEOUT_S = 120.0
 
 def auto_workers(trace: Trace, speedup: float, cores: int | None = None) -> int:
     """Worker processes for replaying `trace` at `speedup`: one per RATE_PER_WORKER req/s of
-    16-token answers (longer answers count for more: `request_cost`), at most half the host's
-    cores (the server and engine need the rest)."""
+    its mean rate, at most half the host's cores (the server and engine need the rest)."""
     if len(trace) < 2:
         return 1
     span_s = float(trace.timestamps_ms[-1] - trace.timestamps_ms[0]) / 1000.0 / speedup
     rate = (len(trace) - 1) / span_s if span_s > 0 else math.inf
-    load = rate * request_cost(float(np.mean(trace.output_lengths))) / request_cost(REFERENCE_OUTPUT_TOKENS)
     limit = max(1, (cores or os.cpu_count() or 1) // 2)
-    return max(1, min(limit, math.ceil(load / RATE_PER_WORKER)))
-
-
-def request_cost(output_tokens: float) -> float:
-    """A streamed request's client work, in units of one request without tokens."""
-    return 1.0 + output_tokens / REFERENCE_OUTPUT_TOKENS
+    return max(1, min(limit, math.ceil(rate / RATE_PER_WORKER)))
 
 
 @dataclass(frozen=True)
