@@ -47,6 +47,19 @@ class HelpFormatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand's parser, ending its --help with the exit statuses as `autotune --help` does."""
+    return subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=EXIT_CODES_HELP,
+        formatter_class=HelpFormatter,
+    )
+
+
 class AutotuneError(VllmAutotuneError):
     """A one-line, actionable message about bad tuner input or state."""
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.decide.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
 from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
-from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
+from autotune.errors import AutotuneError, add_command
 from autotune.measure.server_registry import reap_stale_servers
 from autotune.measure.servers import add_server_flags, deployed_server, trial_server
 from autotune.measure_flags import add_measurement_flags, measurement_fields
@@ -71,7 +71,8 @@ DEFAULT_WARM_START = 4
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "retune",
         help="re-tune the deployed config if the traffic drifted (exit 10: new best.yaml)",
         description=(
@@ -85,8 +86,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "stays (enough headroom, or no winner), 3 drift found (--dry-run), 2 bad input, "
             "12 the deployed config could not be measured (nothing published), 1 failure."
         ),
-        epilog=EXIT_CODES_HELP,
-        formatter_class=HelpFormatter,
     )
     add = parser.add_argument
     add(

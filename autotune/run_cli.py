@@ -11,7 +11,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from autotune.errors import EXIT_CODES_HELP, AutotuneError, HelpFormatter
+from autotune.errors import AutotuneError, add_command
 from autotune.measure.server_registry import reap_stale_servers
 from autotune.measure.servers import add_server_flags, trial_server
 from autotune.measure_flags import add_measurement_flags, measurement_fields
@@ -24,7 +24,8 @@ from autotune.progress import parse_duration, say
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "run",
         help="tune a vLLM config on a traffic trace and export best.yaml + report.md",
         description=(
@@ -36,8 +37,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the SLO percentiles (see --over-context); a baseline that cannot be measured stops "
             "the run (exit 12) and nothing is exported."
         ),
-        epilog=EXIT_CODES_HELP,
-        formatter_class=HelpFormatter,
     )
     add = parser.add_argument
     add("--workload", required=True, metavar="TRACE.jsonl", help="the traffic trace to tune on")

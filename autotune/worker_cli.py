@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autotune.errors import EXIT_CODES_HELP, HelpFormatter
+from autotune.errors import add_command
 
 # A dead worker's trial is failed and re-queued within about a minute; a heartbeat every 10 s
 # costs one tiny UPDATE per running trial.
@@ -37,7 +37,8 @@ def _shared_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    worker = subparsers.add_parser(
+    worker = add_command(
+        subparsers,
         "worker",
         help="measure trials of a shared study (one worker per GPU, on any number of hosts)",
         description=(
@@ -46,13 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "any time: a trial whose worker dies is failed after --grace-period and re-queued "
             "for another worker. Needs: the database, the model, and this Python environment."
         ),
-        epilog=EXIT_CODES_HELP,
-        formatter_class=HelpFormatter,
     )
     _shared_flags(worker)
     worker.set_defaults(func=worker_command)
 
-    final = subparsers.add_parser(
+    final = add_command(
+        subparsers,
         "finalize",
         help="validate a shared study's best configs and export best.yaml + report.md (once)",
         description=(
@@ -60,8 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "on the held-out window on this machine and write OUTPUT_DIR/best.yaml and "
             "report.md, exactly as `autotune run` does after its search. One finalize per study."
         ),
-        epilog=EXIT_CODES_HELP,
-        formatter_class=HelpFormatter,
     )
     _shared_flags(final)
     final.add_argument("--partial", action="store_true",

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -180,27 +180,24 @@ class EngineHolder:
         return self.engine
 
 
+@dataclass(eq=False, repr=False)
 class Handlers:
     """The routes' logic, with the state of one app.
 
     A little over ~250 lines: one method per route plus the admission and streaming helpers
     they share, all on the same engine state."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        holder: EngineHolder,
-        metrics: RequestMetrics,
-        recorder: TrafficRecorder | None = None,
-        front_end: FrontEnd = FrontEnd(),
-    ) -> None:
-        self.config = config
-        self.holder = holder
-        self.metrics = metrics
-        self.recorder = recorder
-        self.front_end = front_end
-        self.in_flight = 0
-        self.model_name = str(config.engine.get("served_model_name") or config.engine.get("model"))
+    config: ServerConfig
+    holder: EngineHolder
+    metrics: RequestMetrics
+    recorder: TrafficRecorder | None = None
+    front_end: FrontEnd = FrontEnd()
+    in_flight: int = field(default=0, init=False)
+    model_name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        engine = self.config.engine
+        self.model_name = str(engine.get("served_model_name") or engine.get("model"))
 
     # --- admission -----------------------------------------------------------------------
     def admit(self, engine: Engine) -> None:

@@ -204,26 +204,16 @@ def segment_bytes(segment: Segment) -> int:
     return total
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Pending:
     """One request being recorded: `finish()` once it has its result, or `drop()` it."""
 
-    __slots__ = ("recorder", "ident", "arrival_ms", "source_lang", "target_lang", "text")
-
-    def __init__(
-        self,
-        recorder: TrafficRecorder,
-        ident: int,
-        arrival_ms: float,
-        source_lang: str | None,
-        target_lang: str | None,
-        text: str | None,
-    ) -> None:
-        self.recorder = recorder
-        self.ident = ident
-        self.arrival_ms = arrival_ms
-        self.source_lang = source_lang
-        self.target_lang = target_lang
-        self.text = text
+    recorder: TrafficRecorder
+    ident: int
+    arrival_ms: float
+    source_lang: str | None
+    target_lang: str | None
+    text: str | None
 
     def finish(self, input_length: int, output_length: int) -> None:
         self.recorder._finish(self, input_length, output_length)

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,33 @@ EXIT_DRIFT = 3
 _Formatter = argparse.ArgumentDefaultsHelpFormatter
 
 
+def _command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str | None = None,
+    *,
+    trace: bool = False,
+) -> argparse.ArgumentParser:
+    """One subcommand running `func`; with `trace`, its first argument is the TRACE file."""
+    parser = subparsers.add_parser(
+        name, help=help, description=description, formatter_class=_Formatter
+    )
+    parser.set_defaults(func=func)
+    if trace:
+        parser.add_argument("trace", metavar="TRACE", help="JSONL trace file")
+    return parser
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    convert = subparsers.add_parser(
+    convert = _command(
+        subparsers,
         "convert",
+        _convert,
         help="convert a public trace (Azure, BurstGPT, Mooncake) to our JSONL",
         description="Convert a public trace format to the JSONL trace format "
         "(timestamp ms from the first request, input_length, output_length).",
-        formatter_class=_Formatter,
     )
     convert.add_argument(
         "--from",
@@ -47,28 +68,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="drop bad rows (counted) instead of stopping at the first",
     )
-    convert.set_defaults(func=_convert)
 
-    profile = subparsers.add_parser(
+    profile = _command(
+        subparsers,
         "profile",
+        _profile,
         help="measure a trace: rates, burstiness, lengths, concurrency, fingerprint",
-        formatter_class=_Formatter,
+        trace=True,
     )
-    profile.add_argument("trace", metavar="TRACE", help="JSONL trace file")
     profile.add_argument("--json", action="store_true", help="print the full TraceProfile as JSON")
     profile.add_argument("--plot", metavar="DIR", default=None, help="also write PNG plots to DIR")
     profile.add_argument(
         "--skip-invalid", action="store_true", help="drop bad lines (counted) instead of stopping"
     )
-    profile.set_defaults(func=_profile)
 
-    generate = subparsers.add_parser(
+    generate = _command(
+        subparsers,
         "generate",
+        _generate,
         help="write a synthetic trace (translation traffic, or like a given trace/profile)",
         description="Without --like: bursty translation traffic (10-200 token inputs, "
         "per-language-pair output ratios, sessions). With --like: arrivals with the "
         "reference's rate and burstiness, (input, output) pairs resampled together.",
-        formatter_class=_Formatter,
     )
     generate.add_argument("output", metavar="OUT.jsonl", help="trace file to write")
     generate.add_argument(
@@ -100,14 +121,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--burst-fraction", type=float, default=0.2, help="translation: share of time in bursts"
     )
     generate.add_argument("--seed", type=int, default=0, help="random seed (same seed, same trace)")
-    generate.set_defaults(func=_generate)
 
-    window = subparsers.add_parser(
+    window = _command(
+        subparsers,
         "window",
+        _window,
         help="cut a representative tuning window and a disjoint held-out window",
-        formatter_class=_Formatter,
+        trace=True,
     )
-    window.add_argument("trace", metavar="TRACE", help="JSONL trace file")
     window.add_argument("--tuning-s", type=float, required=True, help="tuning window length (s)")
     window.add_argument("--holdout-s", type=float, required=True, help="held-out window length (s)")
     window.add_argument(
@@ -119,13 +140,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     window.add_argument(
         "--out-dir", default=None, help="write tuning.jsonl, holdout.jsonl, windows.json here"
     )
-    window.set_defaults(func=_window)
 
-    drift = subparsers.add_parser(
+    drift = _command(
+        subparsers,
         "drift",
+        _drift,
         help="test whether current traffic drifted from a reference (exit 3 if it did)",
         description="Exit status: 0 no drift, 3 drift, 2 bad input.",
-        formatter_class=_Formatter,
     )
     drift.add_argument(
         "--reference",
@@ -152,7 +173,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.3,
         help="relative change of inter-arrival CV that counts as drift",
     )
-    drift.set_defaults(func=_drift)
 
 
 def _note(message: str) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from workloads.errors import TraceError, WorkloadError
 from workloads.trace import MAX_TOKENS, Trace, TraceBuilder
-from workloads.trace_io import parse_record
+from workloads.trace_io import open_binary, parse_record
 
 TraceFormat = Literal["azure", "burstgpt", "mooncake"]
 FORMATS: tuple[TraceFormat, ...] = ("azure", "burstgpt", "mooncake")
@@ -113,15 +113,9 @@ class _Rows:
 
 def _open_lines(path: str, rows: _Rows) -> Iterator[tuple[int, str]]:
     """(line number, text) per physical line; undecodable lines are rejected, not fatal."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below
-    except FileNotFoundError:
-        raise WorkloadError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise WorkloadError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as error:
-        raise WorkloadError(f"{path}: cannot open ({error.strerror})") from None
-    with handle:
+    with open_binary(
+        path, missing="no such file", expected="a trace file", cannot="cannot open"
+    ) as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")

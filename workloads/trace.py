@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # Token counts beyond this are certainly a unit mistake, and they keep int64 sums safe.
 MAX_TOKENS = 2**31 - 1
@@ -49,19 +49,13 @@ class TraceRequest(BaseModel):
     session_id: str | None = None
     latency_ms: float | None = Field(default=None, ge=0, description="recorded end-to-end latency")
 
-    @field_validator("timestamp", "latency_ms", mode="before")
+    @field_validator("timestamp", "latency_ms", "input_length", "output_length", mode="before")
     @classmethod
-    def _number(cls, value: Any) -> Any:
-        if isinstance(value, bool) or isinstance(value, str):
-            raise ValueError("must be a number")
-        return value
-
-    @field_validator("input_length", "output_length", mode="before")
-    @classmethod
-    def _token_count(cls, value: Any) -> Any:
-        # bool and "12" would pass pydantic's lax int; the JSONL fast path rejects them too.
-        if isinstance(value, bool) or isinstance(value, str):
-            raise ValueError("must be an integer")
+    def _strict_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # bool and "12" would pass pydantic's lax float/int; the JSONL fast path rejects them too.
+        if isinstance(value, bool | str):
+            counts = info.field_name in ("input_length", "output_length")
+            raise ValueError("must be an integer" if counts else "must be a number")
         return value
 
     @field_validator("hash_ids", mode="before")

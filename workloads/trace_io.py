@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain, islice, repeat
 from types import NoneType
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -255,19 +255,33 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def open_binary(
+    path: str | os.PathLike[str], *, missing: str, expected: str, cannot: str
+) -> BinaryIO:
+    """`path` opened for reading bytes (bad UTF-8 is the caller's to report). A file that
+    cannot be opened is a `WorkloadError` in the caller's words: "PATH: MISSING",
+    "PATH: is a directory, expected EXPECTED", "PATH: CANNOT (reason)"."""
+    try:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: {missing}") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"{path}: is a directory, expected {expected}") from None
+    except OSError as error:
+        raise WorkloadError(f"{path}: {cannot} ({error.strerror})") from None
+
+
 def read_trace(
     path: str | os.PathLike[str], *, skip_invalid: bool = False, chunk_lines: int = 1024
 ) -> TraceLoad:
     """Parse a JSONL trace in chunks of lines. Without `skip_invalid` a bad line raises."""
     name = str(path)
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below; bytes so bad UTF-8 is ours to report
-    except FileNotFoundError:
-        raise WorkloadError(f"{name}: no such trace file") from None
-    except IsADirectoryError:
-        raise WorkloadError(f"{name}: is a directory, expected a JSONL trace file") from None
-    except OSError as error:
-        raise WorkloadError(f"{name}: cannot open trace file ({error.strerror})") from None
+    handle = open_binary(
+        path,
+        missing="no such trace file",
+        expected="a JSONL trace file",
+        cannot="cannot open trace file",
+    )
     builder = TraceBuilder()
     invalid = 0
     errors: list[TraceError] = []

@@ -68,23 +68,16 @@ class ValidationResult:
     server_s: float
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class GateRunner:
     """Ranks a study's trials and validates the best of them against the baseline."""
 
-    def __init__(
-        self,
-        options: StudyOptions,
-        inputs: SearchInputs,
-        *,
-        runner: Runner,
-        say: Callable[[str], None],
-        clock: Callable[[], float],
-    ) -> None:
-        self.options = options
-        self.inputs = inputs
-        self.runner = runner
-        self.say = say
-        self.clock = clock
+    options: StudyOptions
+    inputs: SearchInputs
+    _: dataclasses.KW_ONLY
+    runner: Runner
+    say: Callable[[str], None]
+    clock: Callable[[], float]
 
     def best_trials(
         self, study: optuna.Study, k: int, *, include_baseline: bool = False

@@ -205,24 +205,17 @@ class _Heartbeat:
             self._thread.join()
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class StudyStore:
     """Opens, creates or joins the Optuna study of one set of options, with the sampler and
     pruner the search runs under, and closes the trials nobody is running any more."""
 
-    def __init__(
-        self,
-        options: StudyOptions,
-        inputs: SearchInputs,
-        *,
-        study_attrs: dict[str, Any],
-        reap: Callable[[Path], list[int]] | None,
-        say: Callable[[str], None],
-    ) -> None:
-        self.options = options
-        self.inputs = inputs
-        self.study_attrs = study_attrs
-        self.reap = reap
-        self.say = say
+    options: StudyOptions
+    inputs: SearchInputs
+    _: dataclasses.KW_ONLY
+    study_attrs: dict[str, Any]
+    reap: Callable[[Path], list[int]] | None
+    say: Callable[[str], None]
 
     def settings_fingerprint(self) -> dict[str, Any]:
         """What must not change between a study and its --resume."""
