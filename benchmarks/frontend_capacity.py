@@ -42,8 +42,9 @@ from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
 from autotune.measure.ladder import CapacityResult, LadderSettings, recorded_rate
 from autotune.measure.servers import TrialServer
 from autotune.measure.trial import TrialRunner
-from autotune.prepare import has_tokenizer
-from server.config import ServerConfig, default_engine_settings
+from autotune.plan import TuningRequest
+from autotune.prepare import load_baseline
+from server.config import ServerConfig
 from workloads.replay import ReplayOptions
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace, write_trace
@@ -64,21 +65,13 @@ def parse_column(text: str) -> tuple[str, int | None]:
     raise SystemExit(f"frontend_capacity: column {text!r}: expected in_process, ours:N or vllm:N (N >= 1)")
 
 
-def engine_config(model: str | None, max_model_len: int | None, overrides: list[str]) -> ServerConfig:
-    """The config every column serves: the embedded model, or `model` with vLLM's defaults."""
-    engine: dict[str, Any] = default_engine_settings()
-    if model is not None:
-        for key in ("model", "load_format", "dtype", "max_model_len"):
-            engine.pop(key, None)
-        engine.update(model=model, load_format="dummy")
-        if Path(model).is_dir() and not has_tokenizer(Path(model)):
-            engine["skip_tokenizer_init"] = True
-    if max_model_len is not None:
-        engine["max_model_len"] = max_model_len
-    for item in overrides:
-        key, _, value = item.partition("=")
-        engine[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
-    return ServerConfig(engine=engine)
+def engine_config(trace: str, model: str | None, max_model_len: int | None) -> ServerConfig:
+    """The config every column serves: the baseline `autotune run --model M` would measure
+    (vLLM's defaults for M with dummy weights; the embedded model without --model)."""
+    request = TuningRequest(workload=trace, study_name="frontend-capacity", output_dir=Path("."),
+                            command_line=[], model=model, load_format="dummy" if model else None,
+                            max_model_len=max_model_len)
+    return load_baseline(request)[0]
 
 
 def in_process(config: ServerConfig, window_path: Path, settings: LadderSettings, slo_texts: list[str],
@@ -113,8 +106,6 @@ def main() -> int:
     parser.add_argument("--trace", required=True)
     parser.add_argument("--model", help="model folder (default: the embedded tiny model)")
     parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
-                        help="an engine setting for every column, e.g. max_num_seqs=256")
     parser.add_argument("--columns", default="in_process,ours:1,vllm:1")
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--slo", action="append", default=None)
@@ -134,7 +125,7 @@ def main() -> int:
     if args.min_step_s:
         overrides["min_step_s"] = args.min_step_s
     settings = LadderSettings.for_accelerator(accelerator, **overrides)
-    config = engine_config(args.model, args.max_model_len, args.engine)
+    config = engine_config(args.trace, args.model, args.max_model_len)
 
     recorder = Recorder(args.name, "Front-end capacity: in-process AsyncLLM, our server and vllm "
                         "serve with 1 and N front-end processes (issue 17)", "full")
