@@ -81,6 +81,7 @@ class ReplaySummary(BaseModel):
     send_lag_p99_ms: float | None = None
     send_lag_max_ms: float | None = None
     client_lagging: bool = False
+    client_processes: int = 1  # replayer processes that sent the run (workloads.replay_workers)
     slo_met: dict[str, bool] = {}
     # SLO spec -> requests known to miss it (failed, finished over the threshold, or, in a
     # progress summary, still waiting past it); per-request metrics only (not itl). More

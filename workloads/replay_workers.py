@@ -161,6 +161,7 @@ class _Parent:
             self._stop_workers()
         self.records.sort(key=lambda r: r.index)
         summary = self.tally.summary(end - self.t0, stopped_early=self.stopped_early, planned=self.planned)
+        summary = summary.model_copy(update={"client_processes": len(self.specs)})
         warn_if_lagging(summary)
         return ReplayResult.model_construct(records=self.records, summary=summary)
 

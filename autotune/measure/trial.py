@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -264,6 +264,14 @@ class TrialRunner:
 
     # -- steps --------------------------------------------------------------------------
 
+    def _replay(self, trace: Trace, url: str, options: ReplayOptions, *,
+                on_progress: Callable[[float, ReplaySummary], bool] | None = None,
+                ) -> Awaitable[ReplayResult]:
+        """The window, or one ladder step: in several processes where one event loop would
+        fall behind the schedule (a ladder's upper steps on a GPU run at hundreds of req/s)."""
+        return replay_with_workers(trace, url, options, workers=self.replay_workers,
+                                   on_progress=on_progress)
+
     def _start(self, trial: _Trial, config_path: Path) -> None:
         launcher = ServerLauncher(
             host=self.host,
@@ -302,10 +310,8 @@ class TrialRunner:
             sampler.start()
             started = time.monotonic()
             try:
-                trial.result = await replay_with_workers(
-                    window, server.url, self.replay, workers=self.replay_workers,
-                    on_progress=should_prune,
-                )
+                trial.result = await self._replay(window, server.url, self.replay,
+                                                  on_progress=should_prune)
             finally:
                 trial.measure_s = time.monotonic() - started
                 timeline = await sampler.stop()
@@ -346,6 +352,7 @@ class TrialRunner:
                 on_sample=server.track_children,
                 check_alive=lambda when: self._check_alive(server, when),
                 say=self.say,
+                replay_fn=self._replay,
             )
             started = time.monotonic()
             try:

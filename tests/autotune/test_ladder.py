@@ -134,10 +134,12 @@ def test_capacity_objective_scores_the_ladder_and_needs_the_recorded_rate_for_sl
 # -- whole ladders, real processes ---------------------------------------------------------
 
 
-def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: list[SLO]) -> TrialRunner:
+def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: list[SLO],
+                  replay_workers: int | str = "auto") -> TrialRunner:
     behaviour = tmp_path / f"behaviour-{slots}.json"
     behaviour.write_text(json.dumps({"slots": slots, "token_delay_s": 0.01}))
     return TrialRunner(
+        replay_workers=replay_workers,  # type: ignore[arg-type]
         server_command=[sys.executable, str(FAKE_SERVER), "--behaviour", str(behaviour)],
         startup_timeout_s=20,
         warmup_requests=1,
@@ -173,6 +175,25 @@ def test_a_server_with_more_slots_has_the_higher_capacity_each_in_one_launch(tmp
         for step in capacity.steps:
             if not step.passed:
                 assert step.abandoned or "ttft" in step.reason
+
+
+@pytest.mark.slow
+def test_ladder_steps_are_sent_by_the_trials_replayer_processes(tmp_path: Path) -> None:
+    """A ladder's upper steps on a GPU run at hundreds of req/s, more than one event loop
+    sends on time: each step goes through the same multi-process replayer as a fixed-rate
+    window, and still finds the cliff (1 slot: a pass below it, a fail above)."""
+    slos = [parse_slo("ttft_p95_ms=150")]
+    settings = LadderSettings(step_requests=30, min_step_s=1.0, resolution=0.25, max_steps=6)
+    outcome = ladder_runner(tmp_path, 1, settings, slos, replay_workers=2).run(
+        ServerConfig(engine={"model": "fake"}), window(), tmp_path / "two-processes"
+    )
+    assert outcome.ok, outcome.failure_detail
+    assert outcome.capacity is not None and outcome.capacity.capacity_rps > 0
+    assert any(not step.passed for step in outcome.capacity.steps)
+    assert [step.summary.client_processes for step in outcome.capacity.steps] == (
+        [2] * len(outcome.capacity.steps))
+    assert all(step.summary.completed + step.summary.failed + step.summary.cancelled
+               == step.requests for step in outcome.capacity.steps if not step.abandoned)
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ def test_three_workers_send_every_request_once_as_one_process_would(echo: str) -
     assert [r.scheduled_s for r in result.records] == [r.scheduled_s for r in single.records]
     assert [r.input_tokens for r in result.records] == [r.input_tokens for r in single.records]
     assert result.summary.completed == 90 and result.summary.failed == 0
+    assert (result.summary.client_processes, single.summary.client_processes) == (3, 1)
     assert served(echo, "w3")["requests"] == 90
     # The same prompts as one process sends (the server saw the same set of prompt heads).
     heads = sorted(map(tuple, (t["prompt_head"] for t in served(echo, "w3")["timings"])))
