@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.plan import (
     DEFAULT_HOLDOUT_S,
     DEFAULT_LADDER_RESOLUTION,
@@ -30,6 +31,10 @@ def add_measurement_flags(add: Any) -> None:
     add("--ladder-resolution", type=float, default=DEFAULT_LADDER_RESOLUTION, metavar="R",
         help="capacity ladder: stop bisecting when the failing rate is within this fraction "
              "of the passing one (default: %(default)s)")
+    add("--max-client-lag-ms", type=float, default=None, metavar="MS",
+        help="a measured run (ladder step or window) whose replayer send-lag p99 exceeds this "
+             "is not scored: the client, not only the server, shaped it (default: a tenth of "
+             "the tightest TTFT or E2E SLO threshold)")
     add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
         help="seconds of trace replayed per search trial; lengthened when too few requests for "
@@ -51,7 +56,11 @@ def add_measurement_flags(add: Any) -> None:
 
 def measurement_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The `TuningRequest` fields the shared flags fill, by field name."""
+    if args.max_client_lag_ms is not None and not args.max_client_lag_ms > 0:
+        raise AutotuneError(f"--max-client-lag-ms {args.max_client_lag_ms:g}: must be above 0 "
+                            "(e.g. 50)")
     return {
+        "max_client_lag_ms": args.max_client_lag_ms,
         "over_context": args.over_context,
         "step_requests": args.step_requests,
         "ladder_resolution": args.ladder_resolution,

@@ -75,6 +75,7 @@ class TuningRequest(BaseModel):
     headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H
     step_requests: int | None = None
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
+    max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
     seed: int = 0
     tuning_window_s: float = DEFAULT_TUNING_S
     holdout_window_s: float = DEFAULT_HOLDOUT_S
@@ -138,6 +139,7 @@ class TuningPlan(BaseModel):
     mode: str
     speedup: float
     startup_timeout_s: float
+    max_client_lag_ms: float | None = None  # runs lagging more are not scored (None: derived)
     command_line: list[str]
     # What every trial runs on (workers too); studies stored before it existed ran ours.
     trial_server: TrialServer = TrialServer()
@@ -151,8 +153,10 @@ class TuningPlan(BaseModel):
     resume_gate: bool = False
 
     def replay_options(self) -> ReplayOptions:
-        """How a trial replays its window: the plan's mode, speed-up and SLOs."""
-        return ReplayOptions(mode=self.mode, speedup=self.speedup, slos=tuple(self.slos))
+        """How a trial replays its window: the plan's mode, speed-up, SLOs and the client
+        lag above which a run is not scored."""
+        return ReplayOptions(mode=self.mode, speedup=self.speedup, slos=tuple(self.slos),
+                             max_send_lag_ms=self.max_client_lag_ms)
 
     @property
     def storage_url(self) -> str:

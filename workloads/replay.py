@@ -65,6 +65,7 @@ from workloads.errors import WorkloadError
 from workloads.gc_pauses import heap_frozen
 from workloads.prompts import PromptFactory
 from workloads.replay_summary import (
+    CLIENT_LAG_LIMIT_MS,
     CLIENT_LAG_WARN_MS,
     ReplayResult,
     ReplaySummary,
@@ -131,6 +132,9 @@ class ReplayOptions:
     api_token: str | None = None  # bearer token
     timeout_s: float = 600  # per request
     prompts: PromptFactory = field(default_factory=PromptFactory)  # the token ids sent
+    # A tuner does not score a run whose send-lag p99 exceeds this (None: a tenth of the
+    # tightest TTFT / E2E threshold, else CLIENT_LAG_LIMIT_MS): `send_lag_limit_ms`.
+    max_send_lag_ms: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", ReplayMode.parse(self.mode))
@@ -141,6 +145,16 @@ class ReplayOptions:
             raise WorkloadError(f"replay duration {self.duration_s!r} s: must be > 0")
         if not self.timeout_s > 0:
             raise WorkloadError(f"replay timeout {self.timeout_s!r} s: must be > 0")
+        if self.max_send_lag_ms is not None and not self.max_send_lag_ms > 0:
+            raise WorkloadError(f"client lag limit {self.max_send_lag_ms!r} ms: must be > 0")
+
+    def send_lag_limit_ms(self) -> float:
+        """The send-lag p99 above which a run shows the client, not only the server: a tenth
+        of the tightest TTFT or E2E threshold (the latencies it would distort), else 50 ms."""
+        if self.max_send_lag_ms is not None:
+            return self.max_send_lag_ms
+        judged = [slo.threshold_ms for slo in self.slos if slo.metric in ("ttft", "e2el")]
+        return min(judged) / 10.0 if judged else CLIENT_LAG_LIMIT_MS
 
     def planned(self, trace: Trace) -> int:
         """How many requests of `trace` a run may send (timed mode: within `duration_s`)."""

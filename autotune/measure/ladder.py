@@ -27,6 +27,13 @@ ladder looks for the cliff itself:
 A step that kills the server ends the ladder with the capacity found so far; the trial
 records the failure and keeps every step measured before it.
 
+5. A step whose client fell behind its schedule (send-lag p99 over
+   `ReplayOptions.send_lag_limit_ms`, or less than 90% of its rate sent) is not scored: it
+   proves nothing about the server at that rate. It is run once more; a second lagging run
+   ends the ladder with the capacity found so far, marked as a lower bound ("client_lag").
+   A failed step still counts when the server's own queue held requests during it: the
+   server was past its capacity whatever the client did.
+
 One module because the steps, their early verdicts and the search over speed-ups read the
 same settings, window and steps so far; most of it is `LoadLadder`, which runs one ladder.
 """
@@ -69,6 +76,7 @@ __all__ = [
     "LoadLadder",
     "ReplayFunction",
     "allowed_misses",
+    "client_fell_behind",
     "recorded_rate",
     "step_trace",
 ]
@@ -122,6 +130,7 @@ class LadderStep(BaseModel):
     offered_rps: float  # requests / their arrival span, as sent
     requests: int  # planned
     passed: bool
+    scored: bool = True  # False: the client fell behind; kept in `CapacityResult.unscored`
     abandoned: bool = False  # stopped early: certain to fail
     ended_early: bool = False  # stopped early: certain to pass whatever the rest did
     reason: str  # why it passed or failed, one line
@@ -140,8 +149,9 @@ class CapacityResult(BaseModel):
     recorded_rps: float  # the window's own rate
     first_fail_rps: float | None  # lowest failing offered rate above the capacity
     bracketed: bool  # a pass and a fail within the resolution: the cliff was found
-    steps: list[LadderStep]
-    stopped_by: str | None = None  # a failure that ended the ladder (crash, ...)
+    steps: list[LadderStep]  # the scored steps: the capacity rests on these alone
+    stopped_by: str | None = None  # what ended the ladder early (crash, client_lag, ...)
+    unscored: list[LadderStep] = []  # steps whose client fell behind its schedule
 
     @property
     def headroom(self) -> float:
@@ -157,6 +167,9 @@ class CapacityResult(BaseModel):
             lowest = min((s.offered_rps for s in self.steps), default=0.0)
             return f"no step met the SLOs (lowest tried {lowest:.3g} req/s)"
         edge = "" if self.bracketed else " (lower bound: the ladder ended before the cliff)"
+        if self.stopped_by == "client_lag" and self.unscored:
+            edge = (f" (lower bound: the replayer fell behind its schedule at "
+                    f"{self.unscored[-1].offered_rps:.3g} req/s)")
         return (
             f"capacity {self.capacity_rps:.3g} req/s = {self.headroom:.2f}x the recorded "
             f"{self.recorded_rps:.3g} req/s{edge}"
@@ -196,8 +209,10 @@ def step_trace(window: Trace, speedup: float, settings: LadderSettings) -> Trace
     return picked.replace(timestamps_ms=stamps[:need], source=f"{window.source} x{speedup:.3g}")
 
 
-# A step passes only if the client really offered at least this share of its rate.
+# A run is scored only if the client really offered at least this share of its rate.
 MIN_SENT_SHARE = 0.9
+# A lagging step is run again this many times before the ladder ends at the client's limit.
+UNSCORED_RETRIES = 1
 
 
 def sent_rate(result: ReplayResult) -> float:
@@ -206,6 +221,21 @@ def sent_rate(result: ReplayResult) -> float:
     if len(sent) < 2 or sent[-1] <= sent[0]:
         return float("inf")
     return (len(sent) - 1) / (sent[-1] - sent[0])
+
+
+def client_fell_behind(result: ReplayResult, nominal_rps: float, limit_ms: float) -> str | None:
+    """Why the client, not only the server, shaped this run (None: it kept its schedule):
+    its send-lag p99 over `limit_ms`, or less than MIN_SENT_SHARE of `nominal_rps` sent."""
+    summary = result.summary
+    lag = summary.send_lag_p99_ms
+    if lag is not None and lag > limit_ms:
+        return (f"the replayer's send-lag p99 was {lag:.0f} ms (limit {limit_ms:.0f} ms, "
+                f"{summary.client_processes} process{'es' if summary.client_processes > 1 else ''})")
+    sent = sent_rate(result)
+    if sent < MIN_SENT_SHARE * nominal_rps:
+        return (f"the client sent {sent:.3g} of the {nominal_rps:.3g} req/s asked "
+                f"(send-lag p99 {lag or 0:.0f} ms)")
+    return None
 
 
 def recorded_rate(window: Trace) -> float:
@@ -283,16 +313,25 @@ class LoadLadder:
         self.check_alive = check_alive or (lambda when: None)
         self.say = say or logger.info
         self.replay_fn = replay_fn
-        self.steps: list[LadderStep] = []
-        self.results: list[ReplayResult] = []  # per step, for the trial's records
+        self.steps: list[LadderStep] = []  # scored
+        self.results: list[ReplayResult] = []  # per scored step, for the trial's records
+        self.unscored: list[LadderStep] = []  # the client fell behind: not evidence either way
 
     async def run(self, window: Trace) -> CapacityResult:
         """Climb (or descend), then bisect. Exceptions from `check_alive` propagate after
         `self.steps` holds every finished step (the runner then builds the partial result)."""
         settings = self.settings
         speedup = min(max(settings.start_speedup, settings.min_speedup), settings.max_speedup)
+        retries = 0
         for _ in range(settings.max_steps):
-            await self.step(window, speedup)
+            step = await self.step(window, speedup)
+            if not step.scored:
+                if retries < UNSCORED_RETRIES:
+                    retries += 1
+                    continue  # the same rate again: a one-off stall should not end the ladder
+                self.say("  the replayer cannot keep this schedule: the capacity so far is a lower bound")
+                return self.result(window, stopped_by="client_lag")
+            retries = 0
             following = self.next_speedup()
             if following is None:
                 break
@@ -349,12 +388,14 @@ class LoadLadder:
             bracketed=bracketed,
             steps=list(self.steps),
             stopped_by=stopped_by,
+            unscored=list(self.unscored),
         )
 
     # -- one step ------------------------------------------------------------------------
 
     async def step(self, window: Trace, speedup: float) -> LadderStep:
         index = len(self.steps)
+        attempt = index + len(self.unscored)  # a re-run gets its own prompt tokens too
         trace = step_trace(window, speedup, self.settings)
         planned = len(trace)
         limits = {slo.spec(): allowed_misses(planned, slo.percentile) for slo in self.slos}
@@ -372,7 +413,7 @@ class LoadLadder:
         sampler.start()
         started = time.monotonic()
         try:
-            result = await self.replay_fn(trace, self.url, self._step_options(index),
+            result = await self.replay_fn(trace, self.url, self._step_options(attempt),
                                           on_progress=decided)
         finally:
             seconds = time.monotonic() - started
@@ -384,14 +425,16 @@ class LoadLadder:
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None
         passed, reason = self._verdict(summary, measured, planned, early)
-        sent_rps = sent_rate(result)
-        nominal = offered_rate(trace)
-        if passed and sent_rps < MIN_SENT_SHARE * nominal:
-            # The client could not keep the schedule (a starved CPU): the server was offered
-            # less than the step claims, so the step proves nothing about this rate.
-            passed = False
-            reason = (f"not scored: the client sent {sent_rps:.3g} of the {nominal:.3g} req/s "
-                      f"asked (send-lag p99 {summary.send_lag_p99_ms or 0:.0f} ms)")
+        behind = client_fell_behind(result, offered_rate(trace), self.replay.send_lag_limit_ms())
+        # A miss stands when the server queued requests: it was past its capacity anyway.
+        queued = (server.num_waiting_max or 0) > 0
+        scored = behind is None or (not passed and queued)
+        if behind is not None:
+            # Offered less (or later) than the step claims, latencies read by a late client:
+            # nothing about the server at this rate, unless its own queue says it was full.
+            reason = (f"{reason}; the server queued requests, so the miss stands although {behind}"
+                      if scored else f"not scored: {behind}")
+            passed = passed and scored
         drain_s = await self._drain(index)
         step = LadderStep(
             index=index,
@@ -399,6 +442,7 @@ class LoadLadder:
             offered_rps=offered_rate(trace),
             requests=planned,
             passed=passed,
+            scored=scored,
             abandoned=early == "fail",
             ended_early=early == "pass",
             reason=reason,
@@ -408,9 +452,12 @@ class LoadLadder:
             seconds=seconds,
             drain_s=drain_s,
         )
-        self.steps.append(step)
-        self.results.append(result)
-        verdict = "pass" if passed else ("abandoned" if step.abandoned else "fail")
+        if scored:
+            self.steps.append(step)
+            self.results.append(result)
+        else:
+            self.unscored.append(step)
+        verdict = ("pass" if passed else ("abandoned" if step.abandoned else "fail")) if scored else "not scored"
         self.say(
             # The step's own rate differs from x speed-up times the window's mean rate: its
             # requests are a stretch of the window, quieter or burstier than the whole.
@@ -419,11 +466,12 @@ class LoadLadder:
         )
         return step
 
-    def _step_options(self, index: int) -> ReplayOptions:
-        """Step `index`'s replay: timed, at the step trace's own times (speed-up 1, no cut),
-        with fresh prompt tokens (its own seed), so no step hits what another left cached."""
+    def _step_options(self, attempt: int) -> ReplayOptions:
+        """The replay of the ladder's `attempt`-th run: timed, at the step trace's own times
+        (speed-up 1, no cut), with fresh prompt tokens (its own seed), so no step hits what
+        another left cached."""
         return dataclasses.replace(self.replay, mode=ReplayMode(kind="timed"), speedup=1.0,
-                                   duration_s=None, prompts=PromptFactory(seed=index + 1))
+                                   duration_s=None, prompts=PromptFactory(seed=attempt + 1))
 
     def _certain(
         self, summary: ReplaySummary, limits: dict[str, int], planned: int

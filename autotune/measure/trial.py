@@ -18,11 +18,18 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import numpy as np
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
 from autotune.measure.kv_cache import KVCacheSize, read_kv_cache
-from autotune.measure.ladder import CapacityResult, LadderSettings, LoadLadder
+from autotune.measure.ladder import (
+    CapacityResult,
+    LadderSettings,
+    LoadLadder,
+    client_fell_behind,
+    offered_rate,
+)
 from autotune.measure.launcher import (
     ServerLauncher,
     ServerProcess,
@@ -65,6 +72,7 @@ FailureKind = Literal[
     "invalid_config",
     "interrupted",
     "pruned",
+    "client_lag",  # the replayer fell behind its schedule: the run is not scored
 ]
 
 # Warm-up requests: short, so they touch every code path (prefill, decode, streaming) fast.
@@ -330,6 +338,12 @@ class TrialRunner:
                 f"{summary.failed} of {attempted} requests failed "
                 f"(limit {self.max_error_fraction:.0%}); first: {first_error}",
             )
+        if self.replay.mode.kind == "timed":
+            sent = window.subset(np.arange(self.replay.planned(window)))
+            behind = client_fell_behind(trial.result, offered_rate(sent) * self.replay.speedup,
+                                        self.replay.send_lag_limit_ms())
+            if behind is not None:
+                raise _Failed("client_lag", f"not scored: {behind}")
 
     async def _measure_ladder(
         self, trial: _Trial, window: Trace, start_speedup: float | None
@@ -357,6 +371,9 @@ class TrialRunner:
             started = time.monotonic()
             try:
                 trial.capacity = await ladder.run(window)
+                if not ladder.steps:  # every run unscored: nothing known about this config
+                    raise _Failed("client_lag", "not scored: the replayer fell behind its schedule "
+                                  f"at every rate tried ({trial.capacity.unscored[-1].reason.removeprefix('not scored: ')})")
                 lowest = min(ladder.steps, key=lambda step: step.speedup)
                 if trial.capacity.capacity_rps <= 0 and lowest.summary.failed > (
                     self.max_error_fraction * lowest.requests
