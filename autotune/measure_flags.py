@@ -35,6 +35,10 @@ def add_measurement_flags(add: Any) -> None:
         help="a measured run (ladder step or window) whose replayer send-lag p99 exceeds this "
              "is not scored: the client, not only the server, shaped it (default: a tenth of "
              "the tightest TTFT or E2E SLO threshold)")
+    add("--client-cpus", default="auto", metavar="auto|off|LIST",
+        help="CPUs of the load client (the replayer); the server gets the others: auto = the "
+             "last quarter of the host's CPUs on hosts of 8 or more with a GPU engine, off = "
+             "shared, or a list such as 12-15 (default: %(default)s)")
     add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
         help="seconds of trace replayed per search trial; lengthened when too few requests for "
@@ -61,6 +65,7 @@ def measurement_fields(args: argparse.Namespace) -> dict[str, Any]:
                             "(e.g. 50)")
     return {
         "max_client_lag_ms": args.max_client_lag_ms,
+        "client_cpus": args.client_cpus,
         "over_context": args.over_context,
         "step_requests": args.step_requests,
         "ladder_resolution": args.ladder_resolution,

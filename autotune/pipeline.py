@@ -25,6 +25,7 @@ from autotune.decide.outcome import baseline_problem, baseline_standing, stop_if
 from autotune.decide.report import capacity_line, kept_summary, memory_line, write_report
 from autotune.decide.report_plots import ReportInputs
 from autotune.errors import NothingMeasured
+from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import recorded_rate
 from autotune.measure.trial import TrialRunner
 from autotune.plan import TuningPlan
@@ -55,6 +56,9 @@ def build_runner(
     """The runner that measures the plan's trials; `registry` records the servers it starts
     (so that the next run ends them if this process is killed)."""
     plan.trial_server.check(())  # a worker's host must have the server too
+    cpu_split = CpuSplit.resolve(plan.client_cpus, accelerator=plan.accelerator)
+    if cpu_split is not None and say is not None:
+        say(f"load client and server on separate CPUs: {cpu_split.describe()}")
     return TrialRunner(
         replay=plan.replay_options(),
         startup_timeout_s=plan.startup_timeout_s,
@@ -62,6 +66,7 @@ def build_runner(
         ladder=plan.ladder,
         say=say,
         server=plan.trial_server,
+        cpu_split=cpu_split,
     )
 
 

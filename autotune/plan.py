@@ -76,6 +76,7 @@ class TuningRequest(BaseModel):
     step_requests: int | None = None
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
     max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
+    client_cpus: str = "auto"  # autotune.measure.cpu_split.CpuSplit.resolve
     seed: int = 0
     tuning_window_s: float = DEFAULT_TUNING_S
     holdout_window_s: float = DEFAULT_HOLDOUT_S
@@ -140,6 +141,8 @@ class TuningPlan(BaseModel):
     speedup: float
     startup_timeout_s: float
     max_client_lag_ms: float | None = None  # runs lagging more are not scored (None: derived)
+    # Resolved on each host that measures (a worker's CPUs are its own): CpuSplit.resolve.
+    client_cpus: str = "auto"
     command_line: list[str]
     # What every trial runs on (workers too); studies stored before it existed ran ours.
     trial_server: TrialServer = TrialServer()

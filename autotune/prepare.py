@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune import preflight
 from autotune.errors import AutotuneError
+from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.servers import labelled
 from autotune.plan import TuningPlan, TuningRequest
@@ -31,7 +32,7 @@ from workloads.trace_io import load_trace
 
 # The request's settings a plan keeps as they are (same names, same values).
 CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
-           "startup_timeout_s", "max_client_lag_ms", "command_line", "trial_server", "study_name", "output_dir",
+           "startup_timeout_s", "max_client_lag_ms", "client_cpus", "command_line", "trial_server", "study_name", "output_dir",
            "storage", "resume")
 
 
@@ -48,6 +49,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
                                             policy=request.over_context, model_limit=early[2])
     baseline, baseline_source = load_baseline(request)
     accelerator = detect_accelerator()
+    CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
     needs = preflight.requirements(slos, objective)

@@ -39,6 +39,7 @@ from typing import Any
 
 from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
 
+from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import CapacityResult, LadderSettings, recorded_rate
 from autotune.measure.servers import TrialServer
 from autotune.measure.trial import TrialRunner
@@ -114,6 +115,8 @@ def main() -> int:
     parser.add_argument("--min-step-s", type=float)
     parser.add_argument("--start-speedup", type=float, default=1.0)
     parser.add_argument("--name", default="frontend_capacity")
+    parser.add_argument("--client-cpus", default="auto",
+                        help="as autotune run's --client-cpus: the replayer's CPUs, the server the rest")
     args = parser.parse_args()
     columns = [parse_column(c.strip()) for c in args.columns.split(",") if c.strip()]
     slo_texts = args.slo or ["ttft_p95_ms=500", "tpot_p95_ms=50"]
@@ -126,6 +129,7 @@ def main() -> int:
         overrides["min_step_s"] = args.min_step_s
     settings = LadderSettings.for_accelerator(accelerator, **overrides)
     config = engine_config(args.trace, args.model, args.max_model_len)
+    cpu_split = CpuSplit.resolve(args.client_cpus, accelerator=accelerator)
 
     recorder = Recorder(args.name, "Front-end capacity: in-process AsyncLLM, our server and vllm "
                         "serve with 1 and N front-end processes (issue 17)", "full")
@@ -153,7 +157,8 @@ def main() -> int:
                 else:
                     server = TrialServer(kind="vllm" if kind == "vllm" else "autotune", api_server_count=count)
                     runner = TrialRunner(replay=ReplayOptions(slos=slos), ladder=ladder, server=server, startup_timeout_s=900,
-                                         stale_registry=Path(scratch) / "servers.json", say=say)
+                                         stale_registry=Path(scratch) / "servers.json", say=say,
+                                         cpu_split=cpu_split)
                     outcome = runner.run(config, window, run_dir)
                     capacity = outcome.capacity
                     failure = outcome.failure
@@ -212,10 +217,14 @@ def main() -> int:
         "the first start at the first column's capacity.",
         f"Window: {len(window)} requests, {window.duration_s():.0f} s of {args.trace}.",
         "The in_process column's client shares its event loop with AsyncLLM's output handler (no HTTP).",
+        "HTTP columns: " + (f"replayer and server on separate CPUs ({cpu_split.describe()}; --client-cpus "
+                            f"{args.client_cpus})" if cpu_split else "replayer and server share the host's CPUs "
+                            f"(--client-cpus {args.client_cpus})") + "; the in_process column runs unpinned.",
     ]
     recorder.write(recorder.result(settings={"ladder": settings.model_dump(), "columns": args.columns,
                                              "slos": slo_texts, "rounds": args.rounds},
-                                   goals=goals, results=results, notes=notes),
+                                   goals=goals, results={**results, "cpu_split": cpu_split.describe() if cpu_split else None},
+                                   notes=notes),
                    "\n".join(table))
     return 0
 

@@ -60,15 +60,24 @@ WORKER_TICK_S = 0.2
 READY_TIMEOUT_S = 120.0
 
 
-def auto_workers(trace: Trace, speedup: float, cores: int | None = None) -> int:
+def auto_workers(trace: Trace, speedup: float, cores: int | None = None,
+                 client_cpus: int | None = None) -> int:
     """Worker processes for replaying `trace` at `speedup`: one per RATE_PER_WORKER req/s of
-    its mean rate, at most half the host's cores (the server and engine need the rest)."""
+    its mean rate, at most half the host's `cores` (the server and engine need the rest), or
+    at most `client_cpus` where the client has CPUs of its own (autotune.measure.cpu_split)."""
     if len(trace) < 2:
         return 1
     span_s = float(trace.timestamps_ms[-1] - trace.timestamps_ms[0]) / 1000.0 / speedup
     rate = (len(trace) - 1) / span_s if span_s > 0 else math.inf
-    limit = max(1, (cores or os.cpu_count() or 1) // 2)
+    limit = client_cpus or max(1, (cores or os.cpu_count() or 1) // 2)
     return max(1, min(limit, math.ceil(rate / RATE_PER_WORKER)))
+
+
+def own_cpus() -> int | None:
+    """How many CPUs this thread is pinned to, when fewer than the host's (a client given CPUs
+    of its own); None when it may run anywhere."""
+    mine = len(os.sched_getaffinity(0))
+    return mine if mine < (os.cpu_count() or mine) else None
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,8 @@ async def replay_with_workers(
     """`workloads.replay.replay` spread over `workers` processes (`auto`: `auto_workers`).
     The closed-loop mode and one worker run in this process, as `replay` does."""
     options = options or ReplayOptions()
-    count = auto_workers(trace, options.speedup) if workers == "auto" else int(workers)
+    count = (auto_workers(trace, options.speedup, client_cpus=own_cpus()) if workers == "auto"
+             else int(workers))
     if count < 1:
         raise WorkloadError(f"replay workers {workers!r}: must be >= 1 or 'auto'")
     planned = options.planned(trace)

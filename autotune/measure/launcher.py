@@ -25,6 +25,7 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
+from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.server_registry import (
     RegisteredServer,
     StaleServerRegistry,
@@ -328,6 +329,7 @@ class ServerLauncher:
         command: Sequence[str] | None = None,
         extra_args: Sequence[str] = ("--benchmark-mode",),
         env: dict[str, str] | None = None,
+        cpu_split: CpuSplit | None = None,
     ):
         self.host = host
         self.startup_timeout_s = startup_timeout_s
@@ -336,6 +338,7 @@ class ServerLauncher:
         self.command = list(command) if command is not None else [python, "-m", "server"]
         self.extra_args = list(extra_args)
         self.env = env
+        self.cpu_split = cpu_split  # the server's own CPUs, apart from the client's
 
     def start(
         self, config_path: Path, log_path: Path, *, trial: str = "", port: int | None = None
@@ -384,6 +387,8 @@ class ServerLauncher:
                 env=env,
             )
         yield_cpu_to_clients(popen.pid)
+        if self.cpu_split is not None:
+            self.cpu_split.pin_server(popen.pid)
         server = ServerProcess(
             popen,
             host=self.host,

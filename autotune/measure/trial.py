@@ -11,6 +11,7 @@ holds what the steps gathered, `TrialRunner` runs them in order and classifies t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
+from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.kv_cache import KVCacheSize, read_kv_cache
 from autotune.measure.ladder import (
     CapacityResult,
@@ -195,6 +197,7 @@ class TrialRunner:
         say: Callable[[str], None] | None = None,
         replay_workers: int | Literal["auto"] = "auto",
         server: TrialServer | None = None,
+        cpu_split: CpuSplit | None = None,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -221,6 +224,8 @@ class TrialRunner:
         # instead of replaying the window once at `speedup`.
         self.ladder = ladder
         self.say = say
+        # The client (this thread, replay workers) and the server on separate CPUs, or shared.
+        self.cpu_split = cpu_split
 
     def run(
         self,
@@ -244,26 +249,28 @@ class TrialRunner:
         trial_dir.mkdir(parents=True, exist_ok=True)
         trial = _Trial(trial_dir, self.server.describe())
         interrupted = False
+        pinned = self.cpu_split.client_pinned() if self.cpu_split else contextlib.nullcontext()
         try:
-            try:
-                config = self.server.served(config)  # e.g. our --api-processes N
-                config.write(trial_dir / "config.yaml")
-                self._start(trial, self.server.write_config(config, trial_dir))
-                if self.ladder is not None:
-                    asyncio.run(self._measure_ladder(trial, window, start_speedup))
-                else:
-                    asyncio.run(self._measure(trial, window, should_prune))
-            except _Failed as failed:
-                trial.fail(failed.kind, failed.detail)
-            except KeyboardInterrupt:
-                interrupted = True
-                raise
-            finally:
-                if trial.server is not None:
-                    # On the user's stop the group still goes, but nobody waits for memory
-                    # readings: only a next trial's start needs the memory back.
-                    trial.teardown = (trial.server.stop(memory_wait_s=0.0) if interrupted
-                                      else trial.server.stop())
+            with pinned:
+                try:
+                    config = self.server.served(config)  # e.g. our --api-processes N
+                    config.write(trial_dir / "config.yaml")
+                    self._start(trial, self.server.write_config(config, trial_dir))
+                    if self.ladder is not None:
+                        asyncio.run(self._measure_ladder(trial, window, start_speedup))
+                    else:
+                        asyncio.run(self._measure(trial, window, should_prune))
+                except _Failed as failed:
+                    trial.fail(failed.kind, failed.detail)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    raise
+                finally:
+                    if trial.server is not None:
+                        # On the user's stop the group still goes, but nobody waits for memory
+                        # readings: only a next trial's start needs the memory back.
+                        trial.teardown = (trial.server.stop(memory_wait_s=0.0) if interrupted
+                                          else trial.server.stop())
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.measure.signals)
             trial.fail("interrupted", f"interrupted ({stop_reason(stop)}); the server was stopped")
             self._write(trial)
@@ -288,6 +295,7 @@ class TrialRunner:
             study=trial.dir.parent.name,
             command=self.server_command or self.server.command(self.python),
             extra_args=self.server.extra_args(self.host),
+            cpu_split=self.cpu_split,
         )
         try:
             server = launcher.start(config_path, trial.dir / "server.log", trial=trial.dir.name)
