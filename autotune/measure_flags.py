@@ -34,7 +34,7 @@ def add_measurement_flags(add: Any) -> None:
     add("--max-client-lag-ms", type=float, default=None, metavar="MS",
         help="a measured run (ladder step or window) whose replayer send-lag p99 exceeds this "
              "is not scored: the client, not only the server, shaped it (default: a tenth of "
-             "the tightest TTFT or E2E SLO threshold)")
+             "the tightest TTFT or E2E SLO threshold, at least 50)")
     add("--client-cpus", default="auto", metavar="auto|off|LIST",
         help="CPUs of the load client (the replayer); the server gets the others: auto = the "
              "last quarter of the host's CPUs on hosts of 8 or more with a GPU engine, off = "

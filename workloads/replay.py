@@ -133,7 +133,7 @@ class ReplayOptions:
     timeout_s: float = 600  # per request
     prompts: PromptFactory = field(default_factory=PromptFactory)  # the token ids sent
     # A tuner does not score a run whose send-lag p99 exceeds this (None: a tenth of the
-    # tightest TTFT / E2E threshold, else CLIENT_LAG_LIMIT_MS): `send_lag_limit_ms`.
+    # tightest TTFT / E2E threshold, at least CLIENT_LAG_LIMIT_MS): `send_lag_limit_ms`.
     max_send_lag_ms: float | None = None
 
     def __post_init__(self) -> None:
@@ -150,11 +150,13 @@ class ReplayOptions:
 
     def send_lag_limit_ms(self) -> float:
         """The send-lag p99 above which a run shows the client, not only the server: a tenth
-        of the tightest TTFT or E2E threshold (the latencies it would distort), else 50 ms."""
+        of the tightest TTFT or E2E threshold (the latencies it would distort), and never less
+        than CLIENT_LAG_LIMIT_MS (an SLO of a few ms, set to make every config miss, must not
+        make every run unscored instead)."""
         if self.max_send_lag_ms is not None:
             return self.max_send_lag_ms
-        judged = [slo.threshold_ms for slo in self.slos if slo.metric in ("ttft", "e2el")]
-        return min(judged) / 10.0 if judged else CLIENT_LAG_LIMIT_MS
+        judged = [slo.threshold_ms / 10.0 for slo in self.slos if slo.metric in ("ttft", "e2el")]
+        return max(min(judged, default=CLIENT_LAG_LIMIT_MS), CLIENT_LAG_LIMIT_MS)
 
     def planned(self, trace: Trace) -> int:
         """How many requests of `trace` a run may send (timed mode: within `duration_s`)."""

@@ -21,7 +21,7 @@ from workloads.slo import SLO, request_is_good, request_tpot_ms, request_value_m
 # Above this send-lag p99 the client is not keeping the schedule: the run measures the
 # replayer as much as the server, so the summary says so.
 CLIENT_LAG_WARN_MS = 10.0
-# Without a TTFT or E2E SLO to scale from, a run lagging more than this is not scored.
+# A run is scored up to this send-lag p99 at least (more where the SLOs allow: ReplayOptions).
 CLIENT_LAG_LIMIT_MS = 50.0
 # SLO metrics with one value per request, so a request can be counted as missing one.
 PER_REQUEST_METRICS = ("ttft", "tpot", "e2el")

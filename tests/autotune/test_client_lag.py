@@ -83,10 +83,12 @@ def run_ladder(stand_in: StandIn, *, report_queue: bool = False, **options: obje
     return asyncio.run(ladder.run(window()))
 
 
-def test_the_lag_limit_is_a_tenth_of_the_tightest_latency_slo_unless_given() -> None:
+def test_the_lag_limit_is_a_tenth_of_the_tightest_latency_slo_at_least_50_ms_unless_given() -> None:
     assert ReplayOptions(slos=SLOS).send_lag_limit_ms() == 50.0
-    assert ReplayOptions(slos=(parse_slo("ttft_p95_ms=2000"), parse_slo("e2el_p99_ms=300"))).send_lag_limit_ms() == 30.0
+    assert ReplayOptions(slos=(parse_slo("ttft_p95_ms=2000"), parse_slo("e2el_p99_ms=1500"))).send_lag_limit_ms() == 150.0
     assert ReplayOptions(slos=(parse_slo("tpot_p95_ms=50"),)).send_lag_limit_ms() == 50.0  # no TTFT/E2E
+    # An SLO no config can meet (1 ms, as tests use to force misses) does not make every run unscored.
+    assert ReplayOptions(slos=(parse_slo("ttft_p50_ms=1"),)).send_lag_limit_ms() == 50.0
     assert ReplayOptions(slos=SLOS, max_send_lag_ms=5).send_lag_limit_ms() == 5
     with pytest.raises(WorkloadError, match="client lag limit -1 ms: must be > 0"):
         ReplayOptions(max_send_lag_ms=-1)
