@@ -46,6 +46,8 @@ class StandIn:
         self.capacity, self.client_limit, self.lag_ms, self.stalls = capacity, client_limit, lag_ms, stalls
         self.runs: list[float] = []  # offered req/s per run
         self.waiting = 0.0  # what /metrics says is queued while a run is under way
+        self.seen_by_scrape: asyncio.Event | None = None
+        self.watched = False  # a ladder's scraper reads this stand-in's /metrics
 
     async def replay_fn(self, trace: Trace, url: str, options: ReplayOptions, *, on_progress=None) -> ReplayResult:
         rate = offered_rate(trace)
@@ -54,7 +56,11 @@ class StandIn:
         lagging = rate > self.client_limit or run in self.stalls
         ttft = 50.0 if rate <= self.capacity else 2_000.0
         self.waiting = 3.0 if rate > self.capacity else 0.0
-        await asyncio.sleep(0.25)  # a few of the ladder's /metrics samples (every 0.05 s) see it
+        self.seen_by_scrape = asyncio.Event()
+        # The run lasts until the ladder's /metrics sampler has seen it (a condition, not a
+        # fixed span: a busy machine may delay the sampler).
+        if self.watched:
+            await asyncio.wait_for(self.seen_by_scrape.wait(), timeout=60)
         self.waiting = 0.0  # drained once the run is over
         records = [
             RequestRecord(index=i, scheduled_s=t / 1000.0, sent_s=t / 1000.0, input_tokens=10,
@@ -68,9 +74,12 @@ class StandIn:
 class Scraper:
     def __init__(self, stand_in: StandIn, report_queue: bool) -> None:
         self.stand_in, self.report_queue = stand_in, report_queue
+        stand_in.watched = True
 
     async def scrape(self, only: object = None) -> MetricsSnapshot:
         waiting = self.stand_in.waiting if self.report_queue else 0.0
+        if self.stand_in.seen_by_scrape is not None and self.stand_in.runs:
+            self.stand_in.seen_by_scrape.set()
         return MetricsSnapshot(taken_at=0.0, scalars={"vllm:num_requests_running": 0.0,
                                                       "vllm:num_requests_waiting": waiting})
 
