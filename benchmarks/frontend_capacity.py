@@ -102,6 +102,50 @@ def lag_p99(capacity: CapacityResult) -> float | None:
     return max(lags) if lags else None
 
 
+def cpu_by_role(step: Any) -> dict[str, Any]:
+    """One ladder step's server CPU use, by role: engine core, front ends (summed), the rest."""
+    processes = step.server.processes if step.server else []
+    engine = [p for p in processes if p.role == "engine core"]
+    fronts = [p for p in processes if p.role.startswith("front end")]
+    # One front end: the main process serves HTTP itself (ours:1, vllm:1).
+    if not fronts:
+        fronts = [p for p in processes if p.role == "main"]
+    rest = [p for p in processes if p not in engine and p not in fronts]
+    seconds = step.seconds or 1.0
+    return {
+        "engine_share": sum(p.share for p in engine) if engine else None,
+        "engine_preempted_per_s": (sum(p.involuntary_switches for p in engine) / seconds) if engine else None,
+        "front_ends": len(fronts),
+        "front_share": sum(p.share for p in fronts) if fronts else None,
+        "front_max_share": max((p.share for p in fronts), default=None),
+        "front_cpu_ms_per_request": (1000 * sum(p.cpu_s for p in fronts) / step.requests) if fronts else None,
+        "rest_share": sum(p.share for p in rest) if rest else None,
+    }
+
+
+def cpu_table(rows: list[dict[str, Any]], steps: dict[str, list[Any]]) -> list[str]:
+    """Per HTTP column and ladder step: the engine's own ITL and queue beside each process
+    role's CPU use (why a front end costs the engine capacity: issue 17)."""
+    lines = []
+    for row in rows:
+        label = f"r{row['round']} {row['column']}"
+        for step in steps.get(label, []):
+            cpu = cpu_by_role(step)
+            server = step.server
+            lines.append([label, fmt(step.offered_rps), "pass" if step.passed else "fail",
+                          fmt(server.itl_p95_ms if server else None),
+                          fmt(server.num_running_max if server else None),
+                          fmt(cpu["engine_share"]), fmt(cpu["engine_preempted_per_s"]),
+                          cpu["front_ends"], fmt(cpu["front_share"]), fmt(cpu["front_max_share"]),
+                          fmt(cpu["front_cpu_ms_per_request"]), fmt(cpu["rest_share"])])
+    if not lines:
+        return []
+    return ["", "## Server CPU per ladder step (shares of one CPU over the step)", ""] + md_table(
+        ["launch", "offered req/s", "verdict", "engine ITL p95 ms", "running max", "engine core CPU",
+         "engine core preempted /s", "front ends", "front ends CPU", "busiest front end", "front-end CPU ms / request",
+         "other server processes CPU"], lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True)
@@ -141,6 +185,7 @@ def main() -> int:
     write_trace(window_path, window)
 
     rows: list[dict[str, Any]] = []
+    steps_by_launch: dict[str, list[Any]] = {}
     hint: float | None = None
     with tempfile.TemporaryDirectory(prefix="frontend-capacity-") as scratch:
         for round_index in range(args.rounds):
@@ -162,6 +207,8 @@ def main() -> int:
                     outcome = runner.run(config, window, run_dir)
                     capacity = outcome.capacity
                     failure = outcome.failure
+                    if capacity:
+                        steps_by_launch[f"r{round_index + 1} {label}"] = capacity.steps
                     ready_s = outcome.timing.ready_s if outcome.timing else None
                     ladder_s = outcome.timing.measure_s if outcome.timing else None
                 wall = time.monotonic() - started
@@ -225,7 +272,7 @@ def main() -> int:
                                              "slos": slo_texts, "rounds": args.rounds},
                                    goals=goals, results={**results, "cpu_split": cpu_split.describe() if cpu_split else None},
                                    notes=notes),
-                   "\n".join(table))
+                   "\n".join(table + cpu_table(rows, steps_by_launch)))
     return 0
 
 

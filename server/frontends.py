@@ -172,6 +172,11 @@ def run_api_process(
         index=int(client_config.get("client_index", 0)),
         count=int(client_config.get("client_count", 1)),
     )
+    # vLLM's own title for its front ends (VLLM::APIServer_N): a tuner reading per-process
+    # CPU use (autotune.measure.process_cpu) tells front ends from the engine core by it.
+    from vllm.utils.system_utils import set_process_title
+
+    set_process_title("APIServer", str(front_end.index))
     metrics = RequestMetrics(multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
     logger.info("front end %d of %d (pid %d) on %s",
                 front_end.index + 1, front_end.count, os.getpid(), listen_address)

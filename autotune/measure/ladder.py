@@ -52,6 +52,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from autotune.errors import AutotuneError
+from autotune.measure.process_cpu import CpuReading, cpu_use
 from autotune.measure.scraper import (
     NUM_RUNNING,
     NUM_WAITING,
@@ -283,7 +284,9 @@ class LoadLadder:
 
     `check_alive()` raises when the server died (the trial runner classifies it);
     `on_sample` keeps the runner's view of the server's child processes fresh; `replay_fn`
-    runs one step (`ReplayFunction`: the contract an in-process replayer must keep).
+    runs one step (`ReplayFunction`: the contract an in-process replayer must keep);
+    `cpu_reading` reads the server processes' CPU counters, so each step records what every
+    process used (`ServerMetrics.processes`).
     """
 
     def __init__(
@@ -298,6 +301,7 @@ class LoadLadder:
         check_alive: Callable[[str], None] | None = None,
         say: Callable[[str], None] | None = None,
         replay_fn: ReplayFunction = replay,
+        cpu_reading: Callable[[], CpuReading] | None = None,
     ) -> None:
         if not replay.slos:
             raise AutotuneError("the capacity objective needs at least one SLO (--slo ...)")
@@ -313,6 +317,7 @@ class LoadLadder:
         self.check_alive = check_alive or (lambda when: None)
         self.say = say or logger.info
         self.replay_fn = replay_fn
+        self.cpu_reading = cpu_reading
         self.steps: list[LadderStep] = []  # scored
         self.results: list[ReplayResult] = []  # per scored step, for the trial's records
         self.unscored: list[LadderStep] = []  # the client fell behind: not evidence either way
@@ -411,16 +416,20 @@ class LoadLadder:
         before = await self.scraper.scrape()
         sampler = MetricsSampler(self.scraper, self.scrape_interval_s, self.on_sample)
         sampler.start()
+        cpu_before = self.cpu_reading() if self.cpu_reading else None
         started = time.monotonic()
         try:
             result = await self.replay_fn(trace, self.url, self._step_options(attempt),
                                           on_progress=decided)
         finally:
             seconds = time.monotonic() - started
+            cpu_after = self.cpu_reading() if self.cpu_reading else None
             timeline = await sampler.stop()
         self.check_alive(f"during ladder step {index + 1} (x{speedup:.3g})")
         after = await self.scraper.scrape()
         server = server_metrics(before, after, timeline)
+        if cpu_before is not None and cpu_after is not None:
+            server.processes = cpu_use(cpu_before, cpu_after)
         summary = result.summary
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None

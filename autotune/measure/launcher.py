@@ -26,6 +26,7 @@ import psutil
 from pydantic import BaseModel
 
 from autotune.measure.cpu_split import CpuSplit
+from autotune.measure.process_cpu import CpuReading, read_cpu
 from autotune.measure.server_registry import (
     RegisteredServer,
     StaleServerRegistry,
@@ -145,6 +146,11 @@ class ServerProcess:
         with contextlib.suppress(psutil.NoSuchProcess):
             for child in self._process.children(recursive=True):
                 self._known.setdefault(child.pid, child)
+
+    def cpu_reading(self) -> CpuReading:
+        """CPU counters of every server process alive now (diffed per step: process_cpu)."""
+        self.track_children()
+        return read_cpu(list(self._known.values()), self.pid, time.monotonic())
 
     def known_pids(self) -> list[int]:
         return sorted(self._known)

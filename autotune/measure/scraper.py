@@ -17,6 +17,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from autotune.measure.process_cpu import ProcessCpu
+
 # Metric names, current spelling first. Counters are looked up by their exposed sample name
 # (`<name>_total`), which is the same whether vLLM declared the counter with or without it.
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -194,6 +196,8 @@ class ServerMetrics(BaseModel):
     num_waiting_max: float | None = None
     preemptions: float | None = None
     timeline: list[MetricSample] = []
+    # CPU use of each server process over the same span (busiest first), where measured.
+    processes: list[ProcessCpu] = []
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -38,6 +38,7 @@ from autotune.measure.launcher import (
     ServerStartFailed,
     TeardownReport,
 )
+from autotune.measure.process_cpu import cpu_use
 from autotune.measure.scraper import (
     MetricSample,
     MetricsSampler,
@@ -324,16 +325,19 @@ class TrialRunner:
             before = await self._scrape(scraper, server, "before the window")
             sampler = MetricsSampler(scraper, self.scrape_interval_s, server.track_children)
             sampler.start()
+            cpu_before = server.cpu_reading()
             started = time.monotonic()
             try:
                 trial.result = await self._replay(window, server.url, self.replay,
                                                   on_progress=should_prune)
             finally:
                 trial.measure_s = time.monotonic() - started
+                cpu_after = server.cpu_reading()
                 timeline = await sampler.stop()
             self._check_alive(server, "during the window")
             after = await self._scrape(scraper, server, "after the window")
             trial.metrics = server_metrics(before, after, timeline)
+            trial.metrics.processes = cpu_use(cpu_before, cpu_after)
 
         summary = trial.result.summary
         attempted = summary.completed + summary.failed
@@ -375,6 +379,7 @@ class TrialRunner:
                 check_alive=lambda when: self._check_alive(server, when),
                 say=self.say,
                 replay_fn=self._replay,
+                cpu_reading=server.cpu_reading,
             )
             started = time.monotonic()
             try:

@@ -3,7 +3,7 @@
 # benchmarks/frontend_capacity.py (the capacity ladder for in-process AsyncLLM, our server and
 # `vllm serve` at 1 and N front-end processes) for one model shape. Run from a copy of the
 # checkout outside the one the device tool re-sends; results land in RUN_DIR/results/.
-# Usage: MODEL=qwen2-1.5b-shape COLUMNS=in_process,ours:1,ours:4,vllm:1,vllm:4 [CLIENT_CPUS=auto|off|12-15] [SUFFIX=-split] \
+# Usage: MODEL=qwen2-1.5b-shape COLUMNS=in_process,ours:1,ours:4,vllm:1,vllm:4 [CLIENT_CPUS=auto|off|12-15] [SUFFIX=-split] [ROUNDS=2] \
 #          frontends.sh KIT_DIR RUN_DIR   (then: bash scripts/gpu/poll.sh RUN_DIR SECONDS)
 set -euo pipefail
 kit=${1:?kit dir}; run=${2:?run dir}
@@ -16,7 +16,7 @@ mkdir -p "$run"
   cmd=(python3 benchmarks/frontend_capacity.py --trace "$run/traffic.jsonl"
     --model "$kit/models/$model" --max-model-len "${MAX_MODEL_LEN:-4096}"
     --columns "${COLUMNS:-in_process,ours:1,ours:4,vllm:1,vllm:4}" --window-s "${WINDOW_S:-30}"
-    --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 --client-cpus "${CLIENT_CPUS:-auto}"
+    --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 --client-cpus "${CLIENT_CPUS:-auto}" --rounds "${ROUNDS:-1}"
     --name "frontends-$model${SUFFIX:-}")
   printf '%q ' "${cmd[@]}" > "$run/command-$model.txt"; echo >> "$run/command-$model.txt"
   "${cmd[@]}"

@@ -20,6 +20,7 @@ import httpx
 import psutil
 import pytest
 
+from autotune.measure.process_cpu import role_of
 from autotune.measure.scraper import parse_metrics
 from autotune.measure.server_start import free_port
 from server.config import ServerConfig, default_engine_settings
@@ -105,6 +106,11 @@ def test_two_front_ends_share_one_engine(tmp_path: Path) -> None:
         front_ends = pids_answering(url, tries=200)
         assert len(front_ends) == PROCESSES, log_tail(log_path)
         assert front_ends <= {p.pid for p in group}
+        # The tuner's per-process CPU accounting tells them apart by their titles.
+        roles = {p.pid: role_of(p, process.pid) for p in group}
+        assert {roles[pid] for pid in front_ends} == {f"front end {i}" for i in range(PROCESSES)}
+        assert roles[process.pid] == "main"
+        assert "engine core" in roles.values(), roles
 
         async def send_all() -> list[int]:
             return await asyncio.gather(*(complete(url, i) for i in range(REQUESTS)))
