@@ -112,13 +112,15 @@ def cpu_by_role(step: Any) -> dict[str, Any]:
         fronts = [p for p in processes if p.role == "main"]
     rest = [p for p in processes if p not in engine and p not in fronts]
     seconds = step.seconds or 1.0
+    sent = step.summary.completed + step.summary.failed + step.summary.cancelled
     return {
         "engine_share": sum(p.share for p in engine) if engine else None,
         "engine_preempted_per_s": (sum(p.involuntary_switches for p in engine) / seconds) if engine else None,
         "front_ends": len(fronts),
         "front_share": sum(p.share for p in fronts) if fronts else None,
         "front_max_share": max((p.share for p in fronts), default=None),
-        "front_cpu_ms_per_request": (1000 * sum(p.cpu_s for p in fronts) / step.requests) if fronts else None,
+        # Per request sent (an abandoned step sent fewer than it planned).
+        "front_cpu_ms_per_request": (1000 * sum(p.cpu_s for p in fronts) / sent) if fronts and sent else None,
         "rest_share": sum(p.share for p in rest) if rest else None,
     }
 

@@ -52,6 +52,12 @@ logger = logging.getLogger(__name__)
 # replayer_rate_gpu_host.md): at 1,000 req/s send-lag p99 was 33-41 ms with one process,
 # 23-27 with two, 5-9 with four and 2.0-2.7 with eight (one per 125 req/s).
 RATE_PER_WORKER = 125.0
+# A client on CPUs of its own sends from one process only up to this rate. Against real
+# servers the echo figure above is optimistic: each answer streams one event per token (65
+# here), most of all behind several front ends that keep up token by token. H200, client on 4
+# CPUs of its own (results/benchmarks/frontends-cpu-accounting/): send-lag p99 5.9 ms from one
+# process at 105 req/s, up to 15.8 ms from two at 137-200 req/s against four front ends.
+PINNED_SINGLE_RATE = 62.5
 # Between the last worker saying "ready" and the common start: time for the start instant to
 # reach every worker before its first deadline.
 START_MARGIN_S = 0.1
@@ -62,14 +68,20 @@ READY_TIMEOUT_S = 120.0
 
 def auto_workers(trace: Trace, speedup: float, cores: int | None = None,
                  client_cpus: int | None = None) -> int:
-    """Worker processes for replaying `trace` at `speedup`: one per RATE_PER_WORKER req/s of
-    its mean rate, at most half the host's `cores` (the server and engine need the rest), or
-    at most `client_cpus` where the client has CPUs of its own (autotune.measure.cpu_split)."""
+    """Worker processes for replaying `trace` at `speedup`.
+
+    Sharing the host with the server: one per RATE_PER_WORKER req/s of its mean rate, at most
+    half the host's `cores` (the server and engine need the rest). With CPUs of its own
+    (`client_cpus`, autotune.measure.cpu_split): one per such CPU as soon as one process would
+    carry more than PINNED_SINGLE_RATE, since a CPU reserved for the client helps nobody idle.
+    """
     if len(trace) < 2:
         return 1
     span_s = float(trace.timestamps_ms[-1] - trace.timestamps_ms[0]) / 1000.0 / speedup
     rate = (len(trace) - 1) / span_s if span_s > 0 else math.inf
-    limit = client_cpus or max(1, (cores or os.cpu_count() or 1) // 2)
+    if client_cpus:
+        return client_cpus if rate > PINNED_SINGLE_RATE else 1
+    limit = max(1, (cores or os.cpu_count() or 1) // 2)
     return max(1, min(limit, math.ceil(rate / RATE_PER_WORKER)))
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +28,7 @@ from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.kv_cache import KVCacheSize, read_kv_cache
 from autotune.measure.ladder import (
+    UNSCORED_RETRIES,
     CapacityResult,
     LadderSettings,
     LoadLadder,
@@ -52,10 +55,13 @@ from autotune.measure.servers import TrialServer
 from autotune.measure.signals import stop_reason
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
+from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions, replay
 from workloads.replay_summary import ReplayResult, ReplaySummary, write_records
 from workloads.replay_workers import replay_with_workers
 from workloads.trace import Trace, TraceRequest
+
+logger = logging.getLogger("autotune")
 
 __all__ = [
     "FailureKind",
@@ -322,22 +328,47 @@ class TrialRunner:
             await self._warm_up(trial, server)
             trial.warmup_s = time.monotonic() - started
 
-            before = await self._scrape(scraper, server, "before the window")
-            sampler = MetricsSampler(scraper, self.scrape_interval_s, server.track_children)
-            sampler.start()
-            cpu_before = server.cpu_reading()
-            started = time.monotonic()
-            try:
-                trial.result = await self._replay(window, server.url, self.replay,
-                                                  on_progress=should_prune)
-            finally:
-                trial.measure_s = time.monotonic() - started
-                cpu_after = server.cpu_reading()
-                timeline = await sampler.stop()
-            self._check_alive(server, "during the window")
-            after = await self._scrape(scraper, server, "after the window")
-            trial.metrics = server_metrics(before, after, timeline)
-            trial.metrics.processes = cpu_use(cpu_before, cpu_after)
+            # A run whose client fell behind says nothing about the server: replayed once more
+            # (fresh prompt tokens, so nothing is served from the first run's cache), as a
+            # ladder re-runs such a step; a second lagging run fails the trial as client_lag.
+            for attempt in range(1 + UNSCORED_RETRIES):
+                options = self.replay if attempt == 0 else dataclasses.replace(
+                    self.replay, prompts=PromptFactory(seed=self.replay.prompts.seed + attempt))
+                behind = await self._measure_once(trial, server, scraper, window, options,
+                                                  should_prune)
+                if behind is None:
+                    return
+                if attempt < UNSCORED_RETRIES:
+                    logger.warning("%s: not scored (%s); replaying the window once more",
+                                   trial.dir.name, behind)
+            raise _Failed("client_lag", f"not scored: {behind}")
+
+    async def _measure_once(
+        self,
+        trial: _Trial,
+        server: ServerProcess,
+        scraper: MetricsScraper,
+        window: Trace,
+        options: ReplayOptions,
+        should_prune: Callable[[float, ReplaySummary], bool] | None,
+    ) -> str | None:
+        """One replay of the window; raises for a pruned run or too many errors, returns why
+        the client fell behind its schedule (None: it kept it)."""
+        before = await self._scrape(scraper, server, "before the window")
+        sampler = MetricsSampler(scraper, self.scrape_interval_s, server.track_children)
+        sampler.start()
+        cpu_before = server.cpu_reading()
+        started = time.monotonic()
+        try:
+            trial.result = await self._replay(window, server.url, options, on_progress=should_prune)
+        finally:
+            trial.measure_s = (trial.measure_s or 0.0) + time.monotonic() - started
+            cpu_after = server.cpu_reading()
+            timeline = await sampler.stop()
+        self._check_alive(server, "during the window")
+        after = await self._scrape(scraper, server, "after the window")
+        trial.metrics = server_metrics(before, after, timeline)
+        trial.metrics.processes = cpu_use(cpu_before, cpu_after)
 
         summary = trial.result.summary
         attempted = summary.completed + summary.failed
@@ -350,12 +381,11 @@ class TrialRunner:
                 f"{summary.failed} of {attempted} requests failed "
                 f"(limit {self.max_error_fraction:.0%}); first: {first_error}",
             )
-        if self.replay.mode.kind == "timed":
-            sent = window.subset(np.arange(self.replay.planned(window)))
-            behind = client_fell_behind(trial.result, offered_rate(sent) * self.replay.speedup,
-                                        self.replay.send_lag_limit_ms())
-            if behind is not None:
-                raise _Failed("client_lag", f"not scored: {behind}")
+        if options.mode.kind != "timed":
+            return None
+        sent = window.subset(np.arange(options.planned(window)))
+        return client_fell_behind(trial.result, offered_rate(sent) * options.speedup,
+                                  options.send_lag_limit_ms())
 
     async def _measure_ladder(
         self, trial: _Trial, window: Trace, start_speedup: float | None

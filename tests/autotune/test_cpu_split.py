@@ -86,6 +86,10 @@ def test_the_client_workers_take_every_client_cpu_the_split_gives() -> None:
                                for i in range(2000))  # 1,000 req/s
     assert auto_workers(busy, 1.0, cores=16) == 8  # shared host: half the cores
     assert auto_workers(busy, 1.0, cores=16, client_cpus=4) == 4  # a client's own 4 CPUs
+    # Its own CPUs are used as soon as one process is not plenty (not only at 4 x 125 req/s).
+    assert auto_workers(busy, 0.1, cores=16, client_cpus=4) == 4  # 100 req/s
+    assert auto_workers(busy, 0.1, cores=16) == 1  # shared: one process for 100 req/s
+    assert auto_workers(busy, 0.05, cores=16, client_cpus=4) == 1  # 50 req/s
 
 
 needs_two = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")
