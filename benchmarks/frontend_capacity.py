@@ -11,6 +11,10 @@ Columns (each one engine launch per round, one at a time, the order rotating per
               (`benchmarks/inprocess_ladder.py`): the engine's capacity with no front end
   ours:N      `python -m server` with N front-end processes (`--api-server-count N`)
   vllm:N      stock `vllm serve --api-server-count N` (`--server vllm`)
+Any column may change engine arguments for its launches: `ours:1+max_num_batched_tokens=512+
+max_cudagraph_capture_size=1024` (values read as YAML). Such columns are compared with the
+first column (capacity ratio of medians, and paired per round): a config's effect measured side
+by side, with the same traffic and SLOs, on one machine.
 The HTTP columns are measured exactly as `autotune run` measures a trial (`TrialRunner` with
 the ladder; the replayer splits the load among its own processes at high rates).
 
@@ -29,7 +33,9 @@ steps, per-request records) under results/benchmarks/{name}-runs/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
 
 from autotune.measure.cpu_split import CpuSplit
@@ -56,14 +63,35 @@ GOAL_VLLM = 1.0  # ours / vllm serve at equal front-end processes
 GOAL_LAG_MS = 5.0  # the replayer's own send-lag p99
 
 
-def parse_column(text: str) -> tuple[str, int | None]:
-    """'in_process' | 'ours:N' | 'vllm:N' -> (kind, N)."""
-    if text == "in_process":
-        return "in_process", None
-    kind, _, count = text.partition(":")
+@dataclasses.dataclass(frozen=True)
+class Column:
+    label: str  # as given
+    kind: str  # in_process | ours | vllm
+    count: int | None  # front-end processes
+    engine: dict[str, Any]  # engine arguments changed for this column's launches
+
+
+def parse_column(text: str) -> Column:
+    """'in_process' | 'ours:N' | 'vllm:N', each optionally followed by '+KEY=VALUE' parts."""
+    head, *changes = text.split("+")
+    engine: dict[str, Any] = {}
+    for change in changes:
+        key, sep, value = change.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"frontend_capacity: column {text!r}: {change!r} is not KEY=VALUE")
+        engine[key.strip()] = yaml.safe_load(value)
+    if head == "in_process":
+        return Column(text, "in_process", None, engine)
+    kind, _, count = head.partition(":")
     if kind in ("ours", "vllm") and count.isdigit() and int(count) >= 1:
-        return kind, int(count)
-    raise SystemExit(f"frontend_capacity: column {text!r}: expected in_process, ours:N or vllm:N (N >= 1)")
+        return Column(text, kind, int(count), engine)
+    raise SystemExit(f"frontend_capacity: column {text!r}: expected in_process, ours:N or vllm:N (N >= 1), "
+                     "optionally +KEY=VALUE")
+
+
+def safe_name(label: str) -> str:
+    """A column label as a folder name: 'ours:1+max_num_seqs=512' -> 'ours-1+max_num_seqs-512'."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", label)
 
 
 def engine_config(trace: str, model: str | None, max_model_len: int | None) -> ServerConfig:
@@ -148,6 +176,33 @@ def cpu_table(rows: list[dict[str, Any]], steps: dict[str, list[Any]]) -> list[s
          "other server processes CPU"], lines)
 
 
+def versus_first(rows: list[dict[str, Any]], columns: list[Column]) -> tuple[dict[str, Any], list[str]]:
+    """Each column that changes engine arguments against the first column: ratio of median
+    capacities, and the ratio within each round (same machine minutes, side by side)."""
+    first = columns[0].label
+    compared: dict[str, Any] = {}
+    for column in columns[1:]:
+        if not column.engine:
+            continue
+        mine = [r["capacity_rps"] for r in rows if r["column"] == column.label and r["capacity_rps"]]
+        theirs = [r["capacity_rps"] for r in rows if r["column"] == first and r["capacity_rps"]]
+        paired = []
+        for round_index in sorted({r["round"] for r in rows}):
+            a = next((r["capacity_rps"] for r in rows if r["round"] == round_index and r["column"] == column.label), None)
+            b = next((r["capacity_rps"] for r in rows if r["round"] == round_index and r["column"] == first), None)
+            if a and b:
+                paired.append(a / b)
+        median_ratio = (spread(mine)["median"] / spread(theirs)["median"]) if mine and theirs else None
+        compared[column.label] = {"ratio_of_medians": median_ratio, "paired": paired}
+    if not compared:
+        return compared, []
+    lines = ["", f"## Engine changes against `{first}` (capacity ratio)", ""] + md_table(
+        ["column", "ratio of medians", "per round"],
+        [[label, fmt(c["ratio_of_medians"]), ", ".join(fmt(x) for x in c["paired"]) or "-"]
+         for label, c in compared.items()])
+    return compared, lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True)
@@ -192,21 +247,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="frontend-capacity-") as scratch:
         for round_index in range(args.rounds):
             shift = round_index % len(columns)
-            for kind, count in columns[shift:] + columns[:shift]:
-                label = kind if count is None else f"{kind}:{count}"
-                run_dir = runs_dir / f"r{round_index + 1}-{label.replace(':', '-')}"
+            for column in columns[shift:] + columns[:shift]:
+                kind, count, label = column.kind, column.count, column.label
+                served = config.model_copy(update={"engine": {**config.engine, **column.engine}})
+                run_dir = runs_dir / f"r{round_index + 1}-{safe_name(label)}"
                 ladder = settings.hinted(hint)
                 say(f"round {round_index + 1}: {label} (ladder from x{ladder.start_speedup:.3g})")
                 started = time.monotonic()
                 if kind == "in_process":
-                    capacity, ready_s, ladder_s = in_process(config, window_path, ladder, slo_texts, run_dir)
+                    capacity, ready_s, ladder_s = in_process(served, window_path, ladder, slo_texts, run_dir)
                     failure = None
                 else:
                     server = TrialServer(kind="vllm" if kind == "vllm" else "autotune", api_server_count=count)
                     runner = TrialRunner(replay=ReplayOptions(slos=slos), ladder=ladder, server=server, startup_timeout_s=900,
                                          stale_registry=Path(scratch) / "servers.json", say=say,
                                          cpu_split=cpu_split)
-                    outcome = runner.run(config, window, run_dir)
+                    outcome = runner.run(served, window, run_dir)
                     capacity = outcome.capacity
                     failure = outcome.failure
                     if capacity:
@@ -236,8 +292,9 @@ def main() -> int:
     base = medians.get("in_process")
     ratios = {label: (value / base if base and value is not None else None) for label, value in medians.items()}
     goals: list[Goal] = []
+    plain = {c.label for c in columns if not c.engine}
     for label, value in medians.items():
-        if not label.startswith("ours:"):
+        if not label.startswith("ours:") or label not in plain:
             continue
         share = ratios.get(label)
         goals.append(Goal(name=f"{label} capacity / in_process", target=f">= {GOAL_IN_PROCESS}",
@@ -257,7 +314,9 @@ def main() -> int:
           r["steps"], fmt(r["lag_p99_ms"]), fmt(r["ready_s"]), fmt(r["ladder_s"]), r["failure"] or ""]
          for r in rows],
     )
+    compared, compared_lines = versus_first(rows, columns)
     results = {"rows": rows, "median_capacity_rps": medians, "ratio_to_in_process": ratios,
+               "versus_first_column": compared,
                "recorded_rps": recorded_rate(window), "window_requests": len(window)}
     notes = [
         f"Engine settings (every column): {json.dumps(config.engine, sort_keys=True)}.",
@@ -274,7 +333,7 @@ def main() -> int:
                                              "slos": slo_texts, "rounds": args.rounds},
                                    goals=goals, results={**results, "cpu_split": cpu_split.describe() if cpu_split else None},
                                    notes=notes),
-                   "\n".join(table + cpu_table(rows, steps_by_launch)))
+                   "\n".join(table + compared_lines + cpu_table(rows, steps_by_launch)))
     return 0
 
 

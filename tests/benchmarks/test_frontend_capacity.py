@@ -1,0 +1,59 @@
+"""The front-end capacity benchmark's columns (benchmarks/frontend_capacity.py): a column may
+change engine arguments, and such columns are compared with the first one, round by round.
+No engine runs here."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "benchmarks"))
+        return importlib.import_module("frontend_capacity")
+
+
+def test_a_column_names_its_server_and_its_engine_changes(bench: ModuleType) -> None:
+    column = bench.parse_column("ours:4+max_num_batched_tokens=512+enable_prefix_caching=false")
+    assert (column.kind, column.count) == ("ours", 4)
+    assert column.engine == {"max_num_batched_tokens": 512, "enable_prefix_caching": False}
+    assert bench.parse_column("vllm:1").engine == {}
+    assert bench.parse_column("in_process+max_num_seqs=8").kind == "in_process"
+    assert "/" not in bench.safe_name(column.label) and ":" not in bench.safe_name(column.label)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("ours:1+max_num_seqs", "'max_num_seqs' is not KEY=VALUE"),
+    ("ours:0", "expected in_process, ours:N or vllm:N (N >= 1)"),
+    ("sglang:1", "expected in_process, ours:N or vllm:N (N >= 1)"),
+])
+def test_a_bad_column_is_refused_in_one_line(bench: ModuleType, text: str, why: str) -> None:
+    with pytest.raises(SystemExit) as refused:
+        bench.parse_column(text)
+    message = str(refused.value)
+    assert message.startswith(f"frontend_capacity: column {text!r}: ") and why in message
+    assert "\n" not in message
+
+
+def test_engine_changes_are_compared_with_the_first_column_round_by_round(bench: ModuleType) -> None:
+    columns = [bench.parse_column(text) for text in ("ours:1", "ours:1+max_num_seqs=512", "vllm:1")]
+    rows = [
+        {"round": 1, "column": "ours:1", "capacity_rps": 100.0},
+        {"round": 1, "column": "ours:1+max_num_seqs=512", "capacity_rps": 150.0},
+        {"round": 1, "column": "vllm:1", "capacity_rps": 90.0},
+        {"round": 2, "column": "ours:1+max_num_seqs=512", "capacity_rps": 120.0},
+        {"round": 2, "column": "ours:1", "capacity_rps": 120.0},
+        {"round": 2, "column": "vllm:1", "capacity_rps": None},  # a failed launch
+    ]
+    compared, lines = bench.versus_first(rows, columns)
+    assert list(compared) == ["ours:1+max_num_seqs=512"]  # vllm:1 changes no engine argument
+    assert compared["ours:1+max_num_seqs=512"]["paired"] == [1.5, 1.0]
+    assert compared["ours:1+max_num_seqs=512"]["ratio_of_medians"] == pytest.approx(135 / 110)
+    assert any("ours:1+max_num_seqs=512" in line and "1.5, 1" in line for line in lines)
