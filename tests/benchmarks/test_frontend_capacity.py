@@ -4,20 +4,11 @@ No engine runs here."""
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "benchmarks"))
-        return importlib.import_module("frontend_capacity")
+BENCHMARK = "frontend_capacity"  # benchmarks/frontend_capacity.py, imported by the `bench` fixture (conftest)
 
 
 def test_a_column_names_its_server_and_its_engine_changes(bench: ModuleType) -> None:

@@ -5,12 +5,8 @@ of token ids) shows what the records and the ladder make of it; no vLLM runs her
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from types import ModuleType
-
-import pytest
 
 from autotune.measure.ladder import LadderSettings, LoadLadder
 from autotune.measure.scraper import MetricsSnapshot
@@ -20,14 +16,7 @@ from workloads.replay import ReplayOptions
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "benchmarks"))
-        return importlib.import_module("inprocess_ladder")
+BENCHMARK = "inprocess_ladder"  # benchmarks/inprocess_ladder.py, imported by the `bench` fixture (conftest)
 
 
 class StandInEngine:

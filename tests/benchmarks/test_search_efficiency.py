@@ -4,7 +4,6 @@ them, and the committed goodput table still replays. No engine runs here."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import shutil
@@ -20,18 +19,11 @@ from autotune.measure.trial import TrialOutcome
 from workloads.replay_summary import ReplaySummary
 
 ROOT = Path(__file__).resolve().parents[2]
+BENCHMARK = "search_efficiency"  # benchmarks/search_efficiency.py, imported by the `bench` fixture (conftest)
 GRID = {"max_num_seqs": [4, 8, 16], "max_num_batched_tokens": [512, 1024, 2048]}
 DEFAULTS = {"max_num_seqs": 16, "max_num_batched_tokens": 2048}  # vLLM's, here a grid point
 SLOS = ["ttft_p95_ms=1000", "tpot_p95_ms=100"]
 POINT_S = 100.0  # every point costs this much: the grid's cost is 900 s
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    """benchmarks/search_efficiency.py, imported as its scripts import each other."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "benchmarks"))
-        return importlib.import_module("search_efficiency")
 
 
 def capacity_of(seqs: int, batched: int) -> float:
