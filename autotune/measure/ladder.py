@@ -52,7 +52,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from autotune.errors import AutotuneError
-from autotune.measure.process_cpu import CpuReading, cpu_use
+from autotune.measure.process_cpu import CpuReading
 from autotune.measure.scraper import (
     NUM_RUNNING,
     NUM_WAITING,
@@ -414,22 +414,19 @@ class LoadLadder:
             return verdict is not None
 
         before = await self.scraper.scrape()
-        sampler = MetricsSampler(self.scraper, self.scrape_interval_s, self.on_sample)
+        sampler = MetricsSampler(self.scraper, self.scrape_interval_s, self.on_sample, self.cpu_reading)
         sampler.start()
-        cpu_before = self.cpu_reading() if self.cpu_reading else None
         started = time.monotonic()
         try:
             result = await self.replay_fn(trace, self.url, self._step_options(attempt),
                                           on_progress=decided)
         finally:
             seconds = time.monotonic() - started
-            cpu_after = self.cpu_reading() if self.cpu_reading else None
             timeline = await sampler.stop()
         self.check_alive(f"during ladder step {index + 1} (x{speedup:.3g})")
         after = await self.scraper.scrape()
         server = server_metrics(before, after, timeline)
-        if cpu_before is not None and cpu_after is not None:
-            server.processes = cpu_use(cpu_before, cpu_after)
+        server.processes = sampler.processes
         summary = result.summary
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None

@@ -17,7 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from autotune.measure.process_cpu import ProcessCpu
+from autotune.measure.process_cpu import CpuReading, ProcessCpu, cpu_use
 
 # Metric names, current spelling first. Counters are looked up by their exposed sample name
 # (`<name>_total`), which is the same whether vLLM declared the counter with or without it.
@@ -273,6 +273,8 @@ class MetricsSampler:
     `on_sample` runs after every scrape attempt (the trial runner uses it to keep its list of
     the server's child processes fresh). A failed scrape is counted and skipped: a gap in the
     timeline must not fail the trial, the before/after scrapes carry the numbers that matter.
+    `cpu_reading` (the server's process CPU counters) is read at start and stop; `processes`
+    then holds what each server process used in between.
     """
 
     def __init__(
@@ -280,6 +282,7 @@ class MetricsSampler:
         scraper: MetricsScraper,
         interval_s: float = 1.0,
         on_sample: Callable[[], None] | None = None,
+        cpu_reading: Callable[[], CpuReading] | None = None,
     ):
         if interval_s <= 0:
             raise ValueError(f"scrape interval = {interval_s!r}: must be > 0 seconds")
@@ -290,13 +293,19 @@ class MetricsSampler:
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0
         self.failed_scrapes = 0
+        self._cpu_reading = cpu_reading
+        self._cpu_start: CpuReading | None = None
+        self.processes: list[ProcessCpu] = []
 
     def start(self) -> None:
         self._started_at = time.monotonic()
+        self._cpu_start = self._cpu_reading() if self._cpu_reading else None
         self._task = asyncio.create_task(self._loop(), name="metrics-sampler")
 
     async def stop(self) -> list[MetricSample]:
         """Cancel the loop and return the timeline collected so far."""
+        if self._cpu_reading is not None and self._cpu_start is not None:
+            self.processes = cpu_use(self._cpu_start, self._cpu_reading())
         if self._task is not None:
             self._task.cancel()
             try:

@@ -41,7 +41,6 @@ from autotune.measure.launcher import (
     ServerStartFailed,
     TeardownReport,
 )
-from autotune.measure.process_cpu import cpu_use
 from autotune.measure.scraper import (
     MetricSample,
     MetricsSampler,
@@ -355,20 +354,19 @@ class TrialRunner:
         """One replay of the window; raises for a pruned run or too many errors, returns why
         the client fell behind its schedule (None: it kept it)."""
         before = await self._scrape(scraper, server, "before the window")
-        sampler = MetricsSampler(scraper, self.scrape_interval_s, server.track_children)
+        sampler = MetricsSampler(scraper, self.scrape_interval_s, server.track_children,
+                                 server.cpu_reading)
         sampler.start()
-        cpu_before = server.cpu_reading()
         started = time.monotonic()
         try:
             trial.result = await self._replay(window, server.url, options, on_progress=should_prune)
         finally:
             trial.measure_s = (trial.measure_s or 0.0) + time.monotonic() - started
-            cpu_after = server.cpu_reading()
             timeline = await sampler.stop()
         self._check_alive(server, "during the window")
         after = await self._scrape(scraper, server, "after the window")
         trial.metrics = server_metrics(before, after, timeline)
-        trial.metrics.processes = cpu_use(cpu_before, cpu_after)
+        trial.metrics.processes = sampler.processes
 
         summary = trial.result.summary
         attempted = summary.completed + summary.failed
