@@ -15,13 +15,15 @@ that does not measure anything.
      compile_warm_other enforce_eager false, another max_num_seqs / max_num_batched_tokens
                        on that cache (the next trial of a study changes exactly these)
      eager#2           eager again, last: how far two starts of one config differ here
+     eager_mem0.3      eager with gpu_memory_utilization 0.3, the CPU default until
+                       2026-11-25 (vLLM fills the KV cache at start: what the smaller default saves)
    (`distributed_executor_backend: uni`, which would save the worker process, is not an
    option: vLLM's CPU platform turns it back into `mp`.)
 
     .venv/bin/python benchmarks/trial_overhead.py [--quick] [--table results/benchmarks/search_grid]
-        [--variants eager,compile_cold,...] [--rounds 2]
+        [--variants eager,compile_cold,...] [--rounds 2] [--name trial_overhead]
 
-Results: results/benchmarks/trial_overhead.{json,md}.
+Results: results/benchmarks/NAME.{json,md} (default trial_overhead).
 """
 
 from __future__ import annotations
@@ -144,6 +146,8 @@ def variant_config(name: str):
         engine["enforce_eager"] = False
     if name == "compile_warm_other":
         engine.update(max_num_seqs=8, max_num_batched_tokens=512)
+    if name == "eager_mem0.3":
+        engine["gpu_memory_utilization"] = 0.3
     return config.model_copy(update={"engine": engine, "serving": ServingSettings(benchmark_mode=True)})
 
 
@@ -219,11 +223,12 @@ def main() -> int:
                         "results/benchmarks/search_grid; quick: /tmp/search_grid_capacity_quick, which run_all.py --quick measures)")
     parser.add_argument("--variants", default=None)
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (quick 1)")
+    parser.add_argument("--name", default="trial_overhead", help="results file name under results/benchmarks")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 2)
     table_dir = Path(args.table or ("/tmp/search_grid_capacity_quick" if args.quick else RESULTS / "search_grid"))
     names = [v for v in (args.variants or ",".join(QUICK_VARIANTS if args.quick else VARIANTS)).split(",") if v]
-    recorder = Recorder("trial_overhead", "Trial overhead: where a trial's time goes (item 4)",
+    recorder = Recorder(args.name, "Trial overhead: where a trial's time goes (item 4)",
                         "quick" if args.quick else "full")
     trials = real_trials(table_dir / "table.json")
     s = trials["summary"]

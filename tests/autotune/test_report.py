@@ -56,12 +56,12 @@ def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path) ->
             space=SearchSpace.default("cpu"),
             objective=objective,
             slos=SLOS,
-            baseline=ServerConfig(engine={"model": "/m", "gpu_memory_utilization": 0.3}),
+            baseline=ServerConfig(engine={"model": "/m", "gpu_memory_utilization": 0.1}),
             baseline_source="vLLM's defaults",
             tuning_window=window,
             holdout_window=window,
             effective_defaults={"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                                "gpu_memory_utilization": 0.3, "usage_context": "OPENAI_API_SERVER"},
+                                "gpu_memory_utilization": 0.1, "usage_context": "OPENAI_API_SERVER"},
         ),
         runner=FilesRunner(),
         say=lambda line: None,
@@ -84,7 +84,7 @@ def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path) ->
     text = path.read_text()
     assert text.count("| trial-00") >= 8  # every trial in the table
     assert "trial-0000 (baseline) | 128* |" in text  # vLLM's default, marked as not chosen
-    assert "0.3 |" in text and "0.3* |" not in text  # the baseline set this one itself
+    assert "0.1 |" in text and "0.1* |" not in text  # the baseline set this one itself
     assert "max_num_seqs=128" in text and "OPENAI_API_SERVER" in text
     assert "bootstrap CI" in text and "SLO headroom" in text
     assert "accelerator time" in text

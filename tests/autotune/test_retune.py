@@ -247,17 +247,17 @@ def test_a_config_without_a_reference_asks_for_one(tmp_path, traces, capsys) -> 
 
 def test_neighbours_step_each_parameter_within_the_space() -> None:
     space = SearchSpace.default("cpu")
-    engine = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.3}
+    engine = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.12}
     found = {start.why for start in warm_start.neighbours(space, engine)}
     assert found == {
         "neighbour max_num_seqs 8 -> 4",
         "neighbour max_num_seqs 8 -> 16",
         "neighbour max_num_batched_tokens 256 -> 128",
         "neighbour max_num_batched_tokens 256 -> 512",
-        "neighbour gpu_memory_utilization 0.3 -> 0.285",
-        "neighbour gpu_memory_utilization 0.3 -> 0.315",
+        "neighbour gpu_memory_utilization 0.12 -> 0.112",
+        "neighbour gpu_memory_utilization 0.12 -> 0.128",
     }
-    edge = {"max_num_seqs": 32, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.3}
+    edge = {"max_num_seqs": 32, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.12}
     whys = {start.why for start in warm_start.neighbours(space, edge)}
     assert "neighbour max_num_seqs 32 -> 64" not in whys  # outside the space
     assert "neighbour max_num_seqs 32 -> 16" in whys

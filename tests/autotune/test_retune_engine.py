@@ -38,9 +38,7 @@ def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path:
     deploy_dir = tmp_path / "deploy"
     deploy_dir.mkdir()
     deployed = ServerConfig(
-        # A small KV-cache share (~0.6 GiB of KV; the default holds ~3 GiB): little memory
-        # held while other engines start beside these.
-        engine={**default_engine_settings(), "max_num_seqs": 1, "gpu_memory_utilization": 0.15},
+        engine={**default_engine_settings(), "max_num_seqs": 1},
         serving=ServingSettings(recorder=RecorderSettings(directory=str(tmp_path / "traffic"))),
         provenance={
             "profile": profile_trace(reference).model_dump(mode="json"),

@@ -88,5 +88,5 @@ def test_suggest_gives_engine_values_and_baseline_is_representable() -> None:
         assert 1 <= values["max_num_seqs"] <= 32
     # vLLM's CPU defaults: 128 seqs is outside 1-32, so it is not enqueued as a parameter.
     fixed = space.fixed_params({"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                                "gpu_memory_utilization": 0.3})
-    assert fixed == {"log2_max_num_batched_tokens": 11, "gpu_memory_utilization": 0.3}
+                                "gpu_memory_utilization": 0.1})
+    assert fixed == {"log2_max_num_batched_tokens": 11, "gpu_memory_utilization": 0.1}

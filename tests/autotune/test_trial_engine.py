@@ -22,9 +22,6 @@ from workloads.trace import Trace, TraceRequest
 
 WINDOW_S = 10.0
 REQUESTS = 20
-# A small KV-cache share (~0.6 GiB of KV, see tests/server/conftest.py): little memory held
-# while other engines start beside this one.
-KV_CACHE_SHARE = 0.15
 
 
 def translation_like_window() -> Trace:
@@ -49,7 +46,7 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path) -> None:
     trial_dir = study_dir / "trial-0000"
     registry = study_dir / "servers.json"
     config = ServerConfig(
-        engine={**default_engine_settings(), "max_num_seqs": 8, "gpu_memory_utilization": KV_CACHE_SHARE}
+        engine={**default_engine_settings(), "max_num_seqs": 8}
     )
     runner = TrialRunner(startup_timeout_s=240, stale_registry=registry)
 

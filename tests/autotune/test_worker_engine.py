@@ -67,9 +67,9 @@ def test_two_workers_one_killed_mid_trial_study_completes_without_duplicates(
     tmp_path: Path, postgres_url: str
 ) -> None:
     database = postgres_url
-    # Small engines (a tenth of RAM for the KV cache each), one searched argument.
+    # The embedded default as the baseline, one searched argument.
     baseline = tmp_path / "baseline.yaml"
-    ServerConfig(engine={**default_engine_settings(), "gpu_memory_utilization": 0.1}).write(baseline)
+    ServerConfig(engine=default_engine_settings()).write(baseline)
     space = tmp_path / "space.yaml"
     space.write_text("extend_defaults: false\nparams:\n  max_num_seqs: {type: int, low: 2, high: 16, log: true}\n")
     out = tmp_path / "out"

@@ -157,7 +157,7 @@ def test_default_settings_use_the_embedded_model_on_cpu() -> None:
 
     if current_platform.is_cpu():
         assert settings["enforce_eager"] is True
-        assert settings["gpu_memory_utilization"] == 0.3
+        assert settings["gpu_memory_utilization"] == 0.1
 
 
 @pytest.mark.slow  # real `python -m server` subprocesses
