@@ -302,6 +302,9 @@ def test_a_server_stops_itself_and_its_children_when_its_tuner_is_sigkilled(tmp_
 DROPPED_IN_FINALIZER = textwrap.dedent("""
     import os, signal, sys, time
     from autotune.measure.signals import stop_signals_as_interrupt
+    # Ctrl-C as a terminal delivers it: a background job of a non-interactive shell (a CI
+    # script's `cmd &`) inherits SIGINT ignored, and Python then installs no handler for it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     class Finalized:
         def __del__(self):  # the stop arrives while Python runs a finalizer, which drops exceptions
             os.kill(os.getpid(), signal.{sig})
