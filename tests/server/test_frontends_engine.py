@@ -84,7 +84,7 @@ def pids_answering(url: str, tries: int) -> set[int]:
 
 
 def test_two_front_ends_share_one_engine(tmp_path: Path) -> None:
-    config = ServerConfig(engine={**default_engine_settings(), "gpu_memory_utilization": 0.1})
+    config = ServerConfig(engine=default_engine_settings())
     config_path = tmp_path / "config.yaml"
     config.write(config_path)
     port = free_port()
