@@ -2,12 +2,14 @@
 `vllm serve`; same engine config, same requests, same client code for the two HTTP columns.
 
     .venv/bin/python benchmarks/serving_overhead.py [--quick] [--requests 192]
-        [--concurrency 8] [--output-len 32] [--rounds 3] [--repeats 3]
+        [--concurrency 8] [--output-len 32] [--rounds 3] [--repeats 3] [--columns A,B] [--name N]
 
 Columns:
   in_process   AsyncLLM built in a child process of this script, requests submitted
                directly (`AsyncLLM.generate`, streamed deltas, no HTTP)
   our_server   `python -m server --config C --benchmark-mode`, POST /v1/completions (SSE)
+  our_server_equal  the same server with its session at the client's priority (not in the
+               default columns: shows why the HTTP servers yield the CPU to the client)
   vllm_serve   vLLM's OpenAI server on the same YAML (`benchmarks/vllm_cli.py serve`, which
                runs what `vllm serve` runs; see that file for why not the `vllm` script)
 
@@ -42,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
-from autotune.measure.server_start import free_port
+from autotune.measure.server_start import free_port, yield_cpu_to_clients
 from server.config import ServerConfig, ServingSettings
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")
@@ -207,13 +209,19 @@ async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace
         return await measure(prompts, args, send)
 
 
-def run_server(command: list[str], url: str, log_path: Path, timeout_s: float = 300):
+def run_server(command: list[str], url: str, log_path: Path, timeout_s: float = 300, *,
+               yield_cpu: bool = True):
     """Starts `command` in its own process group and waits for GET /health == 200."""
     import httpx
 
     log = open(log_path, "ab")  # noqa: SIM115 (closed with the process in stop_server)
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # As autotune's launcher does: the server's own session (its autogroup) below the client's.
+    # At equal priority the two sessions' CPU shares made whole repeats stall (TTFT ~450 ms, every
+    # token in one read) for our server and vllm serve alike; in one session they did not.
+    if yield_cpu:
+        yield_cpu_to_clients(process.pid)
     deadline = started + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -239,9 +247,10 @@ def stop_server(process: subprocess.Popen, log) -> None:
     log.close()
 
 
-def http_column(command: list[str], port: int, log_path: Path, prompts, args) -> dict:
+def http_column(command: list[str], port: int, log_path: Path, prompts, args, *,
+                yield_cpu: bool = True) -> dict:
     url = f"http://127.0.0.1:{port}"
-    process, log, ready_s = run_server(command, url, log_path)
+    process, log, ready_s = run_server(command, url, log_path, yield_cpu=yield_cpu)
     try:
         return {"ready_s": ready_s, "repeats": asyncio.run(over_http(url, prompts, args))}
     finally:
@@ -264,11 +273,10 @@ def run_column(name: str, work: Path, config: ServerConfig, prompts, args) -> di
                 stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT,
             )
         return json.loads(out.read_text())
-    if name == "our_server":
+    if name in ("our_server", "our_server_equal"):
         command = [sys.executable, "-m", "server", "--config", str(config_path), "--benchmark-mode"]
-    else:
-        command = [sys.executable, str(ROOT / "benchmarks" / "vllm_cli.py"), "serve",
-                   "--config", str(config_path)]
+        return http_column(command, port, log_path, prompts, args, yield_cpu=name == "our_server")
+    command = [sys.executable, str(ROOT / "benchmarks" / "vllm_cli.py"), "serve", "--config", str(config_path)]
     return http_column(command, port, log_path, prompts, args)
 
 
@@ -311,6 +319,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--columns", default=",".join(COLUMNS))
+    parser.add_argument("--name", default="serving_overhead", help="results file name under results/benchmarks")
     parser.add_argument("--render", type=Path, default=None,
                         help="only rewrite the markdown of an existing result JSON (figures unchanged)")
     parser.add_argument("--child-in-process", default=None, help=argparse.SUPPRESS)
@@ -325,7 +334,7 @@ def main() -> int:
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.repeats = args.repeats or (2 if args.quick else 3)
     columns = [c for c in args.columns.split(",") if c]
-    recorder = Recorder("serving_overhead", "Serving overhead: in-process vs our server vs vllm serve (item 1)",
+    recorder = Recorder(args.name, "Serving overhead: in-process vs our server vs vllm serve (item 1)",
                         "quick" if args.quick else "full")
 
     config = ServerConfig.default().model_copy(update={"serving": ServingSettings(benchmark_mode=True)})
@@ -357,7 +366,7 @@ def main() -> int:
     summary = summarise(sessions)
     ratios = {}
     for top, bottom in (("our_server", "in_process"), ("our_server", "vllm_serve"),
-                        ("vllm_serve", "in_process")):
+                        ("vllm_serve", "in_process"), ("our_server", "our_server_equal")):
         if top in sessions and bottom in sessions:
             ratios[f"{top}/{bottom}"] = {
                 metric: {
@@ -420,6 +429,12 @@ def notes_for(sessions: dict[str, list[dict]]) -> list[str]:
         "The HTTP client (aiohttp, this process) and the server share the machine's 2 CPUs; "
         "so does the in-process column's own frontend. Other engineers' jobs ran on the same "
         "machine (see the load averages).",
+        "Each HTTP server runs in its own session with that session's autogroup at nice 10, below "
+        "the client, as autotune's launcher starts trial servers (autotune.measure.server_start."
+        "yield_cpu_to_clients); the in-process column runs in this script's session. Before "
+        "2026-11-25 evening the servers' sessions ran at nice 0: whole repeats of both HTTP "
+        "columns then stalled (TTFT p50 ~440-480 ms, every token of an answer in one read, "
+        "18-30 req/s), which no trial ever saw.",
         "Another user's vLLM engine ran during part of round(s) "
         f"{', '.join(map(str, contaminated)) or 'none'} (sampled once a second; per session in "
         "'sessions[].other_engines'): those sessions competed for the CPUs.",
