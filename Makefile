@@ -2,7 +2,7 @@
 #   make demo   set up .venv (CPU or GPU extra) and tune the embedded default on the sample trace
 #   make test   set up .venv and run the whole test suite (what CI runs)
 # and, for the edit loop and the record:
-#   make test-fast    every test that needs no vLLM engine, no PostgreSQL and is not slow (< 4 min on 2 cores)
+#   make test-fast    every test that needs no vLLM engine, no PostgreSQL and is not slow (< 1 min on 2 cores)
 #   make reliability  run the reliability scenarios and rewrite results/reliability.{json,md}
 PY := .venv/bin/python
 WORKLOAD ?= workloads/samples/translation_trace.jsonl

@@ -86,6 +86,7 @@ def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tupl
     return runner.launches, lines
 
 
+@pytest.mark.slow
 def test_the_search_stops_before_a_trial_that_would_overrun_the_budget(tmp_path: Path) -> None:
     # 10 s per trial: after 5 trials 50 GPU-seconds are spent; a 6th would reach 60 > 55.
     launches, lines = searched(tmp_path / "one", 55.0, {})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autotune.decide.export import build_provenance, export_best, final_config
 from autotune.search.gate import BASELINE, Measurement, decide
 from autotune.search.objective import parse_objective
@@ -69,6 +71,7 @@ def test_kept_baseline_is_still_written_and_says_so(tmp_path: Path) -> None:
     assert loaded.provenance["decision"]["kept_baseline"] is True
 
 
+@pytest.mark.slow
 def test_vllm_serve_accepts_the_exported_file(tmp_path: Path) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand

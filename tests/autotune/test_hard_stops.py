@@ -127,6 +127,7 @@ def stop_and_watch(process: subprocess.Popen[bytes], sig: signal.Signals, pids: 
     raise AssertionError(f"{GONE_WITHIN_S} s after {sig.name}: tuner exit {process.poll()}, still alive {left}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_to_run_mid_trial_stops_its_server_and_resume_continues(
     tmp_path: Path, sig: signal.Signals, reliability
@@ -176,6 +177,7 @@ def test_a_stop_signal_to_run_mid_trial_stops_its_server_and_resume_continues(
                      "and finished: best.yaml and report.md written")
 
 
+@pytest.mark.slow
 def test_sigterm_to_retune_mid_trial_stops_its_server_and_publishes_nothing(tmp_path: Path) -> None:
     deploy_dir = tmp_path / "deploy"
     deploy_dir.mkdir()
@@ -200,6 +202,7 @@ def test_sigterm_to_retune_mid_trial_stops_its_server_and_publishes_nothing(tmp_
     assert study.trials[0].state == TrialState.FAIL and "SIGTERM" in study.trials[0].user_attrs["interrupted"]
 
 
+@pytest.mark.slow
 def test_sigterm_to_finalize_mid_gate_stops_its_server_and_finalize_can_run_again(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     common = ["--storage", url, "--study"]
@@ -227,6 +230,7 @@ def test_sigterm_to_finalize_mid_gate_stops_its_server_and_finalize_can_run_agai
     assert (out / "best.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_run_against_a_server_answering_only_errors_exits_12_with_nothing_exported(
     tmp_path: Path, reliability
 ) -> None:

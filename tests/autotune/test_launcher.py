@@ -139,6 +139,7 @@ def test_an_engine_starting_elsewhere_during_stop_is_not_blamed_on_the_server(
     assert report.memory_recovered, report
 
 
+@pytest.mark.slow
 def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     config = behaviour_file(tmp_path, ready_after_s=None, spawn_child=True)
     log = tmp_path / "server.log"
@@ -154,6 +155,7 @@ def test_start_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
 
 
+@pytest.mark.slow
 def test_server_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
     config = behaviour_file(tmp_path, ignore_sigterm=True, spawn_child=True)
     log = tmp_path / "server.log"
@@ -317,6 +319,7 @@ TUNER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_reap_after_the_tuner_was_sigkilled(tmp_path: Path) -> None:
     registry = tmp_path / "servers.json"
     log = tmp_path / "server.log"
@@ -339,6 +342,7 @@ def test_reap_after_the_tuner_was_sigkilled(tmp_path: Path) -> None:
     assert reap_stale_servers(registry) == []
 
 
+@pytest.mark.slow
 def test_reap_finds_children_of_a_sigkilled_server(tmp_path: Path) -> None:
     registry = tmp_path / "servers.json"
     log = tmp_path / "server.log"

@@ -40,6 +40,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Co
     return out, tuner(tmp_path, *ARGS, "--output-dir", str(out))
 
 
+@pytest.mark.slow
 def test_min_memory_exports_less_memory_than_the_baseline_that_still_meets_the_slos(tuned) -> None:
     out, done = tuned
     assert done.returncode == 0, done.stderr[-3000:]
@@ -68,6 +69,7 @@ def test_min_memory_exports_less_memory_than_the_baseline_that_still_meets_the_s
     assert "best gpu_memory_utilization" in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_resuming_a_min_memory_study_with_another_headroom_is_refused_in_one_line(tuned, tmp_path: Path) -> None:
     out, first = tuned
     assert first.returncode == 0
@@ -90,6 +92,7 @@ def test_a_headroom_not_above_zero_is_refused(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_min_memory_with_a_space_that_does_not_vary_memory_is_refused(tmp_path: Path, capsys) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  gpu_memory_utilization: null\n")

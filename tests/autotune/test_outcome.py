@@ -68,6 +68,7 @@ def plan(tmp_path: Path, *, trials: int = 4, resume: bool = False, name: str = "
                                       **values))
 
 
+@pytest.mark.slow
 def test_a_baseline_that_fails_stops_the_run_at_once_and_exports_nothing(tmp_path: Path, capsys) -> None:
     runner = Runner(fail=(1,))
     with pytest.raises(NothingMeasured, match="the baseline's trial trial-0000 failed") as raised:

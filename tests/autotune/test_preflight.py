@@ -62,6 +62,7 @@ def test_the_rule_for_a_percentile_is_ten_requests_beyond_it() -> None:
     assert [min_samples(p) for p in (50, 90, 95, 99, 99.9)] == [20, 100, 200, 1000, 10000]
 
 
+@pytest.mark.slow
 def test_a_mooncake_trace_longer_than_the_models_context_is_refused_in_seconds(
     tmp_path: Path, reliability, conversation_trace
 ) -> None:
@@ -240,6 +241,7 @@ def test_the_context_comes_from_the_flag_or_the_baseline_file(tmp_path: Path, ca
     holdout_s=st.floats(2, 40),
     seed=st.integers(0, 1000),
 )
+@pytest.mark.slow
 def test_windows_either_hold_what_each_percentile_needs_or_are_refused(
     duration_s: float, rate_rps: float, percentile: int, tuning_s: float, holdout_s: float, seed: int
 ) -> None:

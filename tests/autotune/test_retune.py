@@ -141,6 +141,7 @@ def test_dry_run_reports_drift_and_the_plan_without_a_server(tmp_path, traces, c
     assert "ttft_p95_ms=1000" in out  # the deployed config's SLOs are kept
 
 
+@pytest.mark.slow
 def test_drift_retunes_from_the_deployed_config_and_publishes_a_winner(tmp_path, traces) -> None:
     deployed = deploy(tmp_path / "deploy", max_num_seqs=2)
     original = deployed.read_text()
@@ -343,6 +344,7 @@ def test_drift_with_headroom_keeps_the_deployed_config_after_one_launch(
     assert Path(check["trial_dir"]) == trial_dir and (trial_dir / "ladder.json").is_file()
 
 
+@pytest.mark.slow
 def test_drift_under_the_headroom_retunes_and_the_check_is_the_baseline(
     tmp_path, traces, capsys
 ) -> None:

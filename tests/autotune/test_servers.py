@@ -169,6 +169,7 @@ def test_a_missing_vllm_serve_entry_point_is_refused(monkeypatch: pytest.MonkeyP
         trial_server("vllm", None)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
     baseline = tmp_path / "base.yaml"
     config().model_copy(update={"serving": ServingSettings(max_waiting_requests=4)}).write(baseline)

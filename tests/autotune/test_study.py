@@ -191,6 +191,7 @@ def test_stale_running_trial_is_failed_on_resume_and_not_counted(tmp_path: Path)
     assert len(study.trials) == 4  # the stale one did not count toward the 3
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_the_running_trial_and_loses_nothing(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         make_study(tmp_path, FakeRunner(interrupt_on_call=3), n_trials=4).run_search()

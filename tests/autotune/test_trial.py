@@ -79,6 +79,7 @@ def assert_outcome_file_matches(outcome: TrialOutcome, trial_dir: Path) -> None:
     assert on_disk == outcome
 
 
+@pytest.mark.slow
 def test_ok_trial_writes_every_file_and_stops_the_server(tmp_path: Path, config: ServerConfig) -> None:
     trial_dir = tmp_path / "study" / "trial-0000"
     outcome = runner(tmp_path).run(config, window(), trial_dir)
@@ -116,6 +117,7 @@ def test_ok_trial_writes_every_file_and_stops_the_server(tmp_path: Path, config:
     assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
 
 
+@pytest.mark.slow
 def test_too_many_http_errors_fail_the_trial_but_keep_the_summary(
     tmp_path: Path, config: ServerConfig
 ) -> None:
@@ -131,6 +133,7 @@ def test_too_many_http_errors_fail_the_trial_but_keep_the_summary(
     assert_outcome_file_matches(outcome, trial_dir)
 
 
+@pytest.mark.slow
 def test_server_dying_in_the_window_is_a_crash_with_its_last_words(
     tmp_path: Path, config: ServerConfig
 ) -> None:
@@ -145,6 +148,7 @@ def test_server_dying_in_the_window_is_a_crash_with_its_last_words(
     assert_outcome_file_matches(outcome, trial_dir)
 
 
+@pytest.mark.slow
 def test_start_timeout_is_an_outcome_not_an_exception(tmp_path: Path, config: ServerConfig) -> None:
     trial_dir = tmp_path / "trial-0003"
     trial_runner = runner(tmp_path, ready_after_s=None, spawn_child=True)
@@ -158,6 +162,7 @@ def test_start_timeout_is_an_outcome_not_an_exception(tmp_path: Path, config: Se
     assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
 
 
+@pytest.mark.slow
 def test_pruner_stops_the_window(tmp_path: Path, config: ServerConfig) -> None:
     trial_dir = tmp_path / "trial-0004"
     asked: list[float] = []
@@ -178,6 +183,7 @@ def test_pruner_stops_the_window(tmp_path: Path, config: ServerConfig) -> None:
     assert server_pids(trial_dir) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_records_interrupted_and_reraises(
     tmp_path: Path, config: ServerConfig
 ) -> None:

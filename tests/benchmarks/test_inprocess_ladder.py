@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from types import ModuleType
 
+import pytest
+
 from autotune.measure.ladder import LadderSettings, LoadLadder
 from autotune.measure.scraper import MetricsSnapshot
 from server.engine import Delta, Generation
@@ -93,6 +95,7 @@ def test_an_engine_error_is_a_failed_request_not_a_crash(bench: ModuleType) -> N
     assert all(r.error == "RuntimeError: engine refused the request" for r in failed)
 
 
+@pytest.mark.slow
 def test_a_stop_from_the_ladder_cancels_what_is_in_flight(bench: ModuleType) -> None:
     engine = StandInEngine(token_s=0.05)  # 40 tokens: 2 s per request
     stops: list[float] = []
@@ -109,6 +112,7 @@ def test_a_stop_from_the_ladder_cancels_what_is_in_flight(bench: ModuleType) -> 
     assert result.summary.cancelled >= 1 and engine.running == 0
 
 
+@pytest.mark.slow
 def test_the_ladder_finds_a_capacity_in_process(bench: ModuleType) -> None:
     """The trial's own ladder on the stand-in: slow steps fail on TTFT, light ones pass, and
     the capacity lies between them, bracketed."""

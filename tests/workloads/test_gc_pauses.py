@@ -43,6 +43,7 @@ def test_a_heap_frozen_before_the_block_stays_frozen() -> None:
     assert gc.get_freeze_count() >= before > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_replay_runs_with_the_heap_frozen_and_leaves_it_as_it_was(echo: str, workers: int) -> None:
     during: list[int] = []

@@ -70,6 +70,7 @@ def run(trace: Trace, url: str, on_progress=None, **options):
 # -- what one request measures --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ttft_itl_and_e2e_match_the_server_delays(echo: str) -> None:
     ttft, itl, n, requests = 150.0, 30.0, 8, 6
     # empty=1: the server sends an empty chunk at once; it is not a token.
@@ -129,6 +130,7 @@ def test_unannounced_bundles_count_one_gap_per_chunk_and_tokens_from_usage(echo:
     assert sum(record.itl_ms) <= record.e2e_ms - record.ttft_ms
 
 
+@pytest.mark.slow
 def test_request_body_has_exact_prompt_length_and_benchmark_fields(echo: str) -> None:
     trace = trace_of(1, input_length=37, output_length=5)
     run(trace, f"{echo}/tag=body", model="m1", api_token="s3cret")
@@ -165,6 +167,7 @@ def test_an_empty_trace_gives_an_empty_result(echo: str) -> None:
 # -- schedules ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_timed_mode_keeps_the_schedule_at_200_requests_per_second(echo: str) -> None:
     # 10 ms apart in the trace, speedup 2 -> 200 req/s for 3 s; a cheap answer each.
     trace = trace_of(600, spacing_ms=10, output_length=2)
@@ -186,12 +189,14 @@ def test_timed_mode_keeps_the_schedule_at_200_requests_per_second(echo: str) -> 
     assert summary.client_lagging == (summary.send_lag_p99_ms > CLIENT_LAG_WARN_MS)
 
 
+@pytest.mark.slow
 def test_duration_cuts_the_trace_on_the_replayed_clock(echo: str) -> None:
     trace = trace_of(20, spacing_ms=100, output_length=1)  # 0 .. 1.9 s
     result = run(trace, f"{echo}/tag=cut", speedup=2.0, duration_s=0.5)  # 0 .. 0.95 s
     assert [r.index for r in result.records] == list(range(10))
 
 
+@pytest.mark.slow
 def test_closed_loop_keeps_exactly_n_in_flight_on_n_connections(echo: str) -> None:
     n = 4
     before = stats(echo, "closed")["connections"]
@@ -265,6 +270,7 @@ def test_timeout_is_recorded_and_does_not_wait_for_the_server(echo: str) -> None
 # -- goodput and SLOs -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_goodput_counts_only_requests_meeting_every_slo(echo: str) -> None:
     # Same server delays, two answer lengths: 2 tokens finish in ~20 ms, 20 tokens in no less
     # than 200 ms (the server's deadlines), over the 100 ms end-to-end SLO whatever happens.
@@ -306,6 +312,7 @@ def test_failed_requests_are_never_good(echo: str) -> None:
 # -- progress and pruning -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_on_progress_returning_true_stops_sending_and_cancels_in_flight(echo: str) -> None:
     calls: list[tuple[float, ReplaySummary]] = []
 
@@ -331,6 +338,7 @@ def test_on_progress_returning_true_stops_sending_and_cancels_in_flight(echo: st
     assert all(r.cancelled == (r.error is not None) for r in result.records)
 
 
+@pytest.mark.slow
 def test_on_progress_returning_false_changes_nothing(echo: str) -> None:
     calls: list[float] = []
     trace = trace_of(30, spacing_ms=50, output_length=2)

@@ -32,6 +32,7 @@ def served(url: str, tag: str) -> dict:
     return httpx.get(f"{url}/tag={tag}/stats", trust_env=False).json()
 
 
+@pytest.mark.slow
 def test_three_workers_send_every_request_once_as_one_process_would(echo: str) -> None:
     trace = trace_of(90, spacing_ms=10)
     slos = [parse_slo("ttft_p95_ms=1000"), parse_slo("e2el_p95_ms=5")]
@@ -57,6 +58,7 @@ def test_three_workers_send_every_request_once_as_one_process_would(echo: str) -
     assert result.summary.slo_violations["e2el_p95_ms=5"] == 90
 
 
+@pytest.mark.slow
 def test_a_stop_from_on_progress_reaches_every_worker(echo: str) -> None:
     calls: list[ReplaySummary] = []
 
@@ -80,6 +82,7 @@ def test_a_stop_from_on_progress_reaches_every_worker(echo: str) -> None:
     assert all(r.cancelled == (r.error is not None) for r in result.records)
 
 
+@pytest.mark.slow
 def test_duration_cuts_the_whole_schedule_across_workers(echo: str) -> None:
     trace = trace_of(20, spacing_ms=100, output_length=1)  # 0 .. 1.9 s
     result = asyncio.run(replay_with_workers(trace, f"{echo}/tag=cutw",
