@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import yaml
 from pydantic import BaseModel, Field
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,6 +265,20 @@ def spread(values: Sequence[float]) -> dict[str, float | int | None]:
         "p25": float(np.percentile(array, 25)),
         "p75": float(np.percentile(array, 75)),
     }
+
+
+def engine_changes(script: str, column: str) -> tuple[str, dict[str, Any]]:
+    """A benchmark column 'HEAD+KEY=VALUE+...' -> (HEAD, {KEY: VALUE}): the engine arguments
+    that column's launches change (values read as YAML). A part that is not KEY=VALUE ends the
+    run with one line naming `script`, the column and the part."""
+    head, *parts = column.split("+")
+    engine: dict[str, Any] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"{script}: column {column!r}: {part!r} is not KEY=VALUE")
+        engine[key.strip()] = yaml.safe_load(value)
+    return head, engine
 
 
 class EngineWatch:

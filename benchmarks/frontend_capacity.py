@@ -43,8 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-from benchlib import ROOT, Goal, Recorder, fmt, md_table, say, spread
+from benchlib import ROOT, Goal, Recorder, engine_changes, fmt, md_table, say, spread
 
 from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import CapacityResult, LadderSettings, recorded_rate
@@ -73,13 +72,7 @@ class Column:
 
 def parse_column(text: str) -> Column:
     """'in_process' | 'ours:N' | 'vllm:N', each optionally followed by '+KEY=VALUE' parts."""
-    head, *changes = text.split("+")
-    engine: dict[str, Any] = {}
-    for change in changes:
-        key, sep, value = change.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"frontend_capacity: column {text!r}: {change!r} is not KEY=VALUE")
-        engine[key.strip()] = yaml.safe_load(value)
+    head, engine = engine_changes("frontend_capacity", text)
     if head == "in_process":
         return Column(text, "in_process", None, engine)
     kind, _, count = head.partition(":")

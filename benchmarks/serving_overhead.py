@@ -12,6 +12,10 @@ Columns:
                default columns: shows why the HTTP servers yield the CPU to the client)
   vllm_serve   vLLM's OpenAI server on the same YAML (`benchmarks/vllm_cli.py serve`, which
                runs what `vllm serve` runs; see that file for why not the `vllm` script)
+Any column may change engine arguments for its launches only: `our_server+stream_interval=4`,
+`in_process+max_num_seqs=8+enable_prefix_caching=false` (values read as YAML; the label with its
+changes is the column's name in the results). Such a column is compared with in_process and
+with its kind without changes (e.g. our_server), where those columns run too.
 
 The request set: `--requests` token-id prompts of 32..128 tokens (seeded), `--output-len`
 tokens each (ignore_eos), closed loop at `--concurrency`. Per request: TTFT (send -> first
@@ -30,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,14 +46,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+from benchlib import ROOT, EngineWatch, Goal, Recorder, engine_changes, fmt, md_table, say, spread
 
 from autotune.measure.server_start import free_port, yield_cpu_to_clients
 from server.config import ServerConfig, ServingSettings
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")
+KINDS = ("in_process", "our_server", "our_server_equal", "vllm_serve")
+# (numerator, denominator) column pairs whose ratios are reported when both columns run.
+PAIRS = (("our_server", "in_process"), ("our_server", "vllm_serve"), ("vllm_serve", "in_process"),
+         ("our_server", "our_server_equal"))
 GOAL_IN_PROCESS = 0.97
 GOAL_VLLM_SERVE = 1.0
 WARMUP_REQUESTS = 16
@@ -58,6 +69,44 @@ def request_set(count: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(INPUT_RANGE[0], INPUT_RANGE[1] + 1, size=count)
     return [rng.integers(100, 4000, size=int(n)).tolist() for n in lengths]
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    label: str  # as given; the column's key in every result: 'our_server+stream_interval=4'
+    kind: str  # one of KINDS
+    engine: dict[str, Any]  # engine arguments changed for this column's launches
+
+
+def parse_columns(text: str) -> list[Column]:
+    """'A,B,...': each a kind (KINDS), optionally followed by '+KEY=VALUE' engine changes."""
+    columns: list[Column] = []
+    for label in (part.strip() for part in text.split(",")):
+        if not label:
+            continue
+        kind, engine = engine_changes("serving_overhead", label)
+        if kind not in KINDS:
+            raise SystemExit(f"serving_overhead: column {label!r}: {kind!r} is not one of {', '.join(KINDS)}")
+        if any(c.label == label for c in columns):
+            raise SystemExit(f"serving_overhead: column {label!r}: given twice")
+        columns.append(Column(label, kind, engine))
+    if not columns:
+        raise SystemExit(f"serving_overhead: --columns {text!r} names no column")
+    return columns
+
+
+def ratio_pairs(columns: list[Column]) -> list[tuple[str, str]]:
+    """(numerator, denominator) labels: PAIRS among the columns that run, then each column with
+    engine changes over in_process and over its kind without changes."""
+    labels = [c.label for c in columns]
+    pairs = [(top, bottom) for top, bottom in PAIRS if top in labels and bottom in labels]
+    for column in columns:
+        if not column.engine:
+            continue
+        for bottom in ("in_process", column.kind):
+            if bottom in labels and (column.label, bottom) not in pairs:
+                pairs.append((column.label, bottom))
+    return pairs
 
 
 # One request's measurement: (ttft_s, e2e_s, output_tokens).
@@ -257,13 +306,15 @@ def http_column(command: list[str], port: int, log_path: Path, prompts, args, *,
         stop_server(process, log)
 
 
-def run_column(name: str, work: Path, config: ServerConfig, prompts, args) -> dict:
+def run_column(column: Column, work: Path, config: ServerConfig, prompts, args) -> dict:
     port = free_port()
-    config_path = work / f"{name}.yaml"
-    config.model_copy(update={"port": port}).write(config_path)
-    log_path = work / f"{name}.log"
-    if name == "in_process":
-        out = work / "in_process.json"
+    stem = re.sub(r"[^A-Za-z0-9_.+=-]", "-", column.label)
+    served = config.model_copy(update={"engine": {**config.engine, **column.engine}, "port": port})
+    config_path = work / f"{stem}.yaml"
+    served.write(config_path)
+    log_path = work / f"{stem}.log"
+    if column.kind == "in_process":
+        out = work / f"{stem}.json"
         with open(log_path, "ab") as log:
             subprocess.run(
                 [sys.executable, __file__, "--child-in-process", str(config_path),
@@ -273,9 +324,9 @@ def run_column(name: str, work: Path, config: ServerConfig, prompts, args) -> di
                 stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT,
             )
         return json.loads(out.read_text())
-    if name in ("our_server", "our_server_equal"):
+    if column.kind in ("our_server", "our_server_equal"):
         command = [sys.executable, "-m", "server", "--config", str(config_path), "--benchmark-mode"]
-        return http_column(command, port, log_path, prompts, args, yield_cpu=name == "our_server")
+        return http_column(command, port, log_path, prompts, args, yield_cpu=column.kind == "our_server")
     command = [sys.executable, str(ROOT / "benchmarks" / "vllm_cli.py"), "serve", "--config", str(config_path)]
     return http_column(command, port, log_path, prompts, args)
 
@@ -309,6 +360,20 @@ def paired_ratios(sessions: dict[str, list[dict]], top: str, bottom: str, metric
     return spread(ratios) | {"per_round": ratios}
 
 
+def ratios_for(sessions: dict[str, list[dict]], summary: dict, columns: list[Column]) -> dict:
+    """'TOP/BOTTOM' -> per metric: ratio of medians and paired per round (ratio_pairs)."""
+    return {
+        f"{top}/{bottom}": {
+            metric: {
+                "ratio_of_medians": summary[top][metric]["median"] / summary[bottom][metric]["median"],
+                "paired": paired_ratios(sessions, top, bottom, metric),
+            }
+            for metric in METRICS
+        }
+        for top, bottom in ratio_pairs(columns)
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round, 2 repeats, 128 requests")
@@ -333,7 +398,7 @@ def main() -> int:
     args.requests = args.requests or (128 if args.quick else 192)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.repeats = args.repeats or (2 if args.quick else 3)
-    columns = [c for c in args.columns.split(",") if c]
+    columns = parse_columns(args.columns)
     recorder = Recorder(args.name, "Serving overhead: in-process vs our server vs vllm serve (item 1)",
                         "quick" if args.quick else "full")
 
@@ -341,18 +406,20 @@ def main() -> int:
     args.model = str(config.engine["model"])
     prompts = request_set(args.requests, args.seed)
     work = Path(tempfile.mkdtemp(prefix="serving_overhead."))
-    sessions: dict[str, list[dict]] = {name: [] for name in columns}
+    sessions: dict[str, list[dict]] = {column.label: [] for column in columns}
     order_log = []
     for round_index in range(args.rounds):
         shift = round_index % len(columns)
         order = columns[shift:] + columns[:shift]
-        for name in order:
+        for column in order:
+            name = column.label
             say(f"round {round_index + 1}/{args.rounds}: {name} (load {os.getloadavg()[0]:.2f})")
             load = os.getloadavg()[0]
             with EngineWatch() as watch:
-                session = run_column(name, work, config, prompts, args)
+                session = run_column(column, work, config, prompts, args)
             session["round"] = round_index
             session["column"] = name
+            session["engine_changes"] = column.engine
             session["order"] = len(order_log)
             session["load_1min_before"] = load
             session["other_engines"] = watch.report()
@@ -364,17 +431,7 @@ def main() -> int:
                 "of the time")
 
     summary = summarise(sessions)
-    ratios = {}
-    for top, bottom in (("our_server", "in_process"), ("our_server", "vllm_serve"),
-                        ("vllm_serve", "in_process"), ("our_server", "our_server_equal")):
-        if top in sessions and bottom in sessions:
-            ratios[f"{top}/{bottom}"] = {
-                metric: {
-                    "ratio_of_medians": summary[top][metric]["median"] / summary[bottom][metric]["median"],
-                    "paired": paired_ratios(sessions, top, bottom, metric),
-                }
-                for metric in METRICS
-            }
+    ratios = ratios_for(sessions, summary, columns)
     goals = []
     for bottom, target in (("in_process", GOAL_IN_PROCESS), ("vllm_serve", GOAL_VLLM_SERVE)):
         key = f"our_server/{bottom}"
@@ -399,6 +456,7 @@ def main() -> int:
         "warmup_requests": WARMUP_REQUESTS,
         "column_order": order_log,
         "engine_config": config.engine,
+        "engine_changes": {column.label: column.engine for column in columns if column.engine},
         "engine_effective": sessions["in_process"][0]["engine"] if "in_process" in sessions else None,
     }
     notes = notes_for(sessions)
@@ -417,6 +475,8 @@ def main() -> int:
 def notes_for(sessions: dict[str, list[dict]]) -> list[str]:
     contaminated = sorted({s["round"] + 1 for rounds in sessions.values() for s in rounds
                            if s["other_engines"]["share_with_foreign_engine"] > 0})
+    changed = {s["column"]: s["engine_changes"] for rounds in sessions.values() for s in rounds
+               if s.get("engine_changes")}
     return [
         "Figures are medians over every measured repeat (rounds x repeats); 'spread' is min-max "
         "over those repeats. Paired ratios divide the two columns' medians within each round.",
@@ -441,7 +501,11 @@ def notes_for(sessions: dict[str, list[dict]]) -> list[str]:
         "vllm_serve: `benchmarks/vllm_cli.py serve --config FILE` = vLLM's api_server module, what "
         "`vllm serve` runs with one API server; the `vllm` console script itself cannot start on "
         "this CPU (see benchmarks/vllm_cli.py).",
-    ]
+    ] + ([
+        "Engine arguments changed for one column's launches only (over settings.engine_config): "
+        + "; ".join(f"{label}: {json.dumps(engine, sort_keys=True)}" for label, engine in changed.items())
+        + ". Each such column is compared with in_process and with its kind without changes."
+    ] if changed else [])
 
 
 def render(path: Path) -> int:
