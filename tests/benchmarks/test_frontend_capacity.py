@@ -48,3 +48,17 @@ def test_engine_changes_are_compared_with_the_first_column_round_by_round(bench:
     assert compared["ours:1+max_num_seqs=512"]["paired"] == [1.5, 1.0]
     assert compared["ours:1+max_num_seqs=512"]["ratio_of_medians"] == pytest.approx(135 / 110)
     assert any("ours:1+max_num_seqs=512" in line and "1.5, 1" in line for line in lines)
+
+
+def test_each_launch_is_compared_with_the_in_process_launch_of_its_own_round(bench: ModuleType) -> None:
+    # The in-process reference moves between launches (here 400 then 300 req/s): a launch's
+    # share is taken against its own round's reference, never against another round's.
+    rows = [
+        {"round": 1, "column": "in_process", "capacity_rps": 400.0},
+        {"round": 1, "column": "ours:4", "capacity_rps": 300.0},
+        {"round": 2, "column": "ours:4", "capacity_rps": 285.0},
+        {"round": 2, "column": "in_process", "capacity_rps": 300.0},
+        {"round": 3, "column": "ours:4", "capacity_rps": 250.0},
+        {"round": 3, "column": "in_process", "capacity_rps": None},  # a failed launch
+    ]
+    assert bench.per_round(rows, "ours:4", "in_process") == {1: 0.75, 2: 0.95}
