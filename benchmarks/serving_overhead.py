@@ -27,6 +27,9 @@ measures the request set `--repeats` times. Figures are medians over all repeats
 spread; the ratios are also taken round by round (paired: the columns of one round ran
 minutes apart) and their median and range reported. The client runs on the same CPUs as the
 server, so client CPU counts against every column alike.
+Where the CPU goes: every repeat also records the CPU seconds of each process (the client, the
+HTTP server's main process, vLLM's engine core, the rest), reported per request and as a share of
+one CPU, to tell a front end that costs CPU from an engine core that gets less of it.
 Results: results/benchmarks/serving_overhead.{json,md}.
 """
 
@@ -49,8 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from benchlib import ROOT, EngineWatch, Goal, Recorder, engine_changes, fmt, md_table, say, spread
 
+from autotune.measure.process_cpu import CpuReading, cpu_use, read_cpu
 from autotune.measure.server_start import free_port, yield_cpu_to_clients
 from server.config import ServerConfig, ServingSettings
 
@@ -149,14 +154,44 @@ def repeat_figures(seconds: float, samples: list[Sample], expected_tokens: int) 
     }
 
 
+def cpu_roles(before: CpuReading, after: CpuReading, server_pid: int | None) -> dict[str, dict[str, float]]:
+    """Role -> CPU seconds and share of one CPU between the readings, for this process and all
+    its descendants. Roles: the client (this process; with AsyncLLM's output handling in the
+    in-process column), the HTTP server's main process, vLLM's engine core, everything else."""
+    me = os.getpid()
+    used: dict[str, dict[str, float]] = {}
+    for process in cpu_use(before, after):
+        if process.pid == me:
+            role = "client" if server_pid else "client + AsyncLLM"
+        elif process.pid == server_pid:
+            role = "server"
+        elif process.role == "engine core":
+            role = "engine core"
+        else:
+            role = "other"
+        entry = used.setdefault(role, {"cpu_s": 0.0, "share": 0.0})
+        entry["cpu_s"] += process.cpu_s
+        entry["share"] += process.share
+    return used
+
+
+def read_tree_cpu() -> CpuReading:
+    me = psutil.Process()
+    return read_cpu([me, *me.children(recursive=True)], me.pid, time.monotonic())
+
+
 async def measure(
-    prompts: list[list[int]], args: argparse.Namespace, send: Callable[[list[int]], Awaitable[Sample]]
+    prompts: list[list[int]], args: argparse.Namespace, send: Callable[[list[int]], Awaitable[Sample]],
+    server_pid: int | None = None,
 ) -> list[dict]:
     await closed_loop(prompts[:WARMUP_REQUESTS], args.concurrency, send)
     repeats = []
     for _ in range(args.repeats):
+        before = read_tree_cpu()
         seconds, samples = await closed_loop(prompts, args.concurrency, send)
-        repeats.append(repeat_figures(seconds, samples, len(prompts) * args.output_len))
+        figures = repeat_figures(seconds, samples, len(prompts) * args.output_len)
+        figures["cpu"] = cpu_roles(before, read_tree_cpu(), server_pid)
+        repeats.append(figures)
     return repeats
 
 
@@ -216,7 +251,7 @@ def child_in_process(args: argparse.Namespace) -> None:
 # -- HTTP columns ------------------------------------------------------------------------------
 
 
-async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace) -> list[dict]:
+async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace, server_pid: int) -> list[dict]:
     import aiohttp  # what `vllm bench serve` uses; lighter on the CPU than httpx
 
     connector = aiohttp.TCPConnector(limit=args.concurrency)
@@ -255,7 +290,7 @@ async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace
             assert ttft is not None
             return ttft, last - sent, count
 
-        return await measure(prompts, args, send)
+        return await measure(prompts, args, send, server_pid)
 
 
 def run_server(command: list[str], url: str, log_path: Path, timeout_s: float = 300, *,
@@ -301,7 +336,7 @@ def http_column(command: list[str], port: int, log_path: Path, prompts, args, *,
     url = f"http://127.0.0.1:{port}"
     process, log, ready_s = run_server(command, url, log_path, yield_cpu=yield_cpu)
     try:
-        return {"ready_s": ready_s, "repeats": asyncio.run(over_http(url, prompts, args))}
+        return {"ready_s": ready_s, "repeats": asyncio.run(over_http(url, prompts, args, process.pid))}
     finally:
         stop_server(process, log)
 
@@ -524,6 +559,34 @@ def render(path: Path) -> int:
     return 0
 
 
+CPU_ROLES = ("client + AsyncLLM", "client", "server", "engine core", "other")
+
+
+def cpu_table(sessions: dict[str, list[dict]]) -> list[str]:
+    """Per column, per role: CPU milliseconds per request and share of one CPU (medians over the
+    repeats that recorded them; runs before 2026-11-25 night did not)."""
+    rows = []
+    for name, rounds in sessions.items():
+        repeats = [rep for session in rounds for rep in session["repeats"] if "cpu" in rep]
+        if not repeats:
+            continue
+        requests = [rep["requests_per_s"] * rep["seconds"] for rep in repeats]
+        row = [name]
+        for role in CPU_ROLES:
+            per_request = [rep["cpu"][role]["cpu_s"] * 1e3 / n for rep, n in zip(repeats, requests, strict=True)
+                           if role in rep["cpu"]]
+            shares = [rep["cpu"][role]["share"] for rep in repeats if role in rep["cpu"]]
+            row.append(f"{fmt(float(np.median(per_request)))} ({fmt(float(np.median(shares)))})"
+                       if per_request else "-")
+        totals = [sum(v["cpu_s"] for v in rep["cpu"].values()) * 1e3 / n for rep, n in zip(repeats, requests, strict=True)]
+        row.append(fmt(float(np.median(totals))))
+        rows.append(row)
+    if not rows:
+        return []
+    return ["", "## CPU per request by process: ms per request (share of one CPU), median over repeats", ""] + md_table(
+        ["column", *CPU_ROLES, "all, ms per request"], rows)
+
+
 def tables(summary: dict, ratios: dict, sessions: dict[str, list[dict]]) -> str:
     def cell(s: dict, digits: int = 3) -> str:
         return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}-{fmt(s['max'], digits)})"
@@ -540,6 +603,7 @@ def tables(summary: dict, ratios: dict, sessions: dict[str, list[dict]]) -> str:
             for name, s in summary.items()
         ],
     )
+    lines += cpu_table(sessions)
     lines += ["", "## Ratios (ratio of medians; paired per round: median, range)", ""]
     rows = []
     for key, by_metric in ratios.items():

@@ -74,3 +74,19 @@ def test_a_changed_column_has_its_row_and_its_ratios_in_the_tables(bench: Module
     assert "| our_server+stream_interval=4 | 35 (30-40) |" in text
     assert "| our_server+stream_interval=4/in_process | requests_per_s | 0.778 | 0.775 (0.750-0.800) |" in text
     assert any('our_server+stream_interval=4: {"stream_interval": 4}' in note for note in bench.notes_for(sessions))
+
+
+def test_cpu_per_request_is_reported_by_process_role(bench: ModuleType) -> None:
+    # 100 requests in 2 s per repeat: the engine core's 1.5 CPU-seconds are 15 ms a request.
+    def repeat(client_s: float) -> dict:
+        return {"requests_per_s": 50.0, "seconds": 2.0,
+                "cpu": {"client": {"cpu_s": client_s, "share": client_s / 2},
+                        "server": {"cpu_s": 0.8, "share": 0.4},
+                        "engine core": {"cpu_s": 1.5, "share": 0.75}}}
+
+    sessions = {"our_server": [{"repeats": [repeat(0.4), repeat(0.6)]}],
+                "vllm_serve": [{"repeats": [{"requests_per_s": 40.0, "seconds": 2.0}]}]}  # recorded no CPU
+    lines = bench.cpu_table(sessions)
+    row = next(line for line in lines if line.startswith("| our_server |"))
+    assert row == "| our_server | - | 5 (0.25) | 8 (0.4) | 15 (0.75) | - | 28 |"
+    assert not any(line.startswith("| vllm_serve |") for line in lines)
