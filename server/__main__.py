@@ -16,6 +16,7 @@ import sys
 
 from server.config import ConfigError, ServerConfig, ServingSettings, validated
 from server.lifeline import watch_parent_from_env
+from server.logs import configure_logging
 
 PROG = "server"
 
@@ -83,6 +84,7 @@ def bind(host: str, port: int) -> socket.socket:
 def main(argv: list[str] | None = None) -> int:
     # First: a tuner killed while this server imports vLLM must not leave it behind.
     watch_parent_from_env()
+    configure_logging()
     args = parse_args(argv)
     try:
         config = load_config(args)

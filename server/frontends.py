@@ -164,7 +164,9 @@ def run_api_process(
     gives its own worker. Exits 1 if its engine client cannot start (vLLM then stops all).
     """
     from server.app import FrontEnd, RequestMetrics, create_app
+    from server.logs import configure_logging
 
+    configure_logging()  # a spawned process: main()'s handler is not here
     client_config = dict(client_config or {})
     # vLLM 0.32's shared connection counts, for its own accept balancing (not used here).
     client_config.pop("api_server_loads", None)

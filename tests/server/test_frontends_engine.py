@@ -106,6 +106,10 @@ def test_two_front_ends_share_one_engine(tmp_path: Path) -> None:
         front_ends = pids_answering(url, tries=200)
         assert len(front_ends) == PROCESSES, log_tail(log_path)
         assert front_ends <= {p.pid for p in group}
+        # Each front end's own diagnostics reach the server log (a spawned process has no handler
+        # unless it sets one up): which front end it is, with its pid.
+        logged = log_path.read_text(errors="replace")
+        assert all(f"of {PROCESSES} (pid {pid})" in logged for pid in front_ends), log_tail(log_path)
         # The tuner's per-process CPU accounting tells them apart by their titles.
         roles = {p.pid: role_of(p, process.pid) for p in group}
         assert {roles[pid] for pid in front_ends} == {f"front end {i}" for i in range(PROCESSES)}

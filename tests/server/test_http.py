@@ -73,6 +73,11 @@ def sse_events(lines: list[str]) -> list[str]:
 def test_health_answered_503_until_the_engine_was_ready(server: RunningServer) -> None:
     assert server.answered_503_while_starting
     assert httpx.get(server.url + "/health").status_code == 200  # no token needed
+    # The server's log says that the engine became ready, and with which settings.
+    ready = [line for line in server.log_path.read_text(errors="replace").splitlines() if "engine ready: " in line]
+    assert len(ready) == 1, ready
+    settings = json.loads(ready[0].split("engine ready: ", 1)[1])
+    assert settings["max_num_seqs"] == server.config.engine["max_num_seqs"]
 
 
 def test_translate_round_trip(server: RunningServer) -> None:
