@@ -28,7 +28,7 @@ spread; the ratios are also taken round by round (paired: the columns of one rou
 minutes apart) and their median and range reported. The client runs on the same CPUs as the
 server, so client CPU counts against every column alike.
 Where the CPU goes: every repeat also records the CPU seconds of each process (the client, the
-HTTP server's main process, vLLM's engine core, the rest), reported per request and as a share of
+HTTP server's main process, vLLM's engine core and model worker, the rest), reported per request and as a share of
 one CPU, to tell a front end that costs CPU from an engine core that gets less of it.
 Results: results/benchmarks/serving_overhead.{json,md}.
 """
@@ -157,7 +157,8 @@ def repeat_figures(seconds: float, samples: list[Sample], expected_tokens: int) 
 def cpu_roles(before: CpuReading, after: CpuReading, server_pid: int | None) -> dict[str, dict[str, float]]:
     """Role -> CPU seconds and share of one CPU between the readings, for this process and all
     its descendants. Roles: the client (this process; with AsyncLLM's output handling in the
-    in-process column), the HTTP server's main process, vLLM's engine core, everything else."""
+    in-process column), the HTTP server's main process, vLLM's engine core, its model worker
+    (a process of its own on the CPU platform), everything else."""
     me = os.getpid()
     used: dict[str, dict[str, float]] = {}
     for process in cpu_use(before, after):
@@ -165,8 +166,8 @@ def cpu_roles(before: CpuReading, after: CpuReading, server_pid: int | None) -> 
             role = "client" if server_pid else "client + AsyncLLM"
         elif process.pid == server_pid:
             role = "server"
-        elif process.role == "engine core":
-            role = "engine core"
+        elif process.role in ("engine core", "engine worker"):
+            role = process.role
         else:
             role = "other"
         entry = used.setdefault(role, {"cpu_s": 0.0, "share": 0.0})
@@ -559,7 +560,7 @@ def render(path: Path) -> int:
     return 0
 
 
-CPU_ROLES = ("client + AsyncLLM", "client", "server", "engine core", "other")
+CPU_ROLES = ("client + AsyncLLM", "client", "server", "engine core", "engine worker", "other")
 
 
 def cpu_table(sessions: dict[str, list[dict]]) -> list[str]:

@@ -8,8 +8,8 @@ front ends as behind vLLM's at the same rate). Per process this records the CPU 
 used, its share of one CPU, and how often the kernel took the CPU away from it (involuntary
 context switches: the direct sign of contention).
 
-Roles come from vLLM's process titles (`VLLM::EngineCore`, `VLLM::APIServer_N`; our front
-ends take the same titles, server.frontends), else "main" for the process the launcher
+Roles come from vLLM's process titles (`VLLM::EngineCore`, `VLLM::Worker`, `VLLM::APIServer_N`;
+our front ends take the same titles, server.frontends), else "main" for the process the launcher
 started, else the process's own name.
 """
 
@@ -56,6 +56,8 @@ def role_of(process: psutil.Process, main_pid: int) -> str:
         return "gone"
     if "EngineCore" in title:
         return "engine core"
+    if "VLLM::Worker" in title:  # the model runner in its own process (vLLM's CPU platform, TP > 1)
+        return "engine worker"
     front_end = re.search(r"APIServer_?(\d*)", title)
     if front_end:
         return f"front end {front_end.group(1)}".strip()

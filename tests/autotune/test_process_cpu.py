@@ -50,9 +50,11 @@ def test_roles_come_from_vllms_process_titles(spawn) -> None:
     main = spawn("-", busy=False)
     engine = spawn("VLLM::EngineCore", busy=False)
     front = spawn("VLLM::APIServer_3", busy=False)
+    worker = spawn("VLLM::Worker", busy=False)
     other = spawn("-", busy=False)
     assert role_of(main, main.pid) == "main"
     assert role_of(engine, main.pid) == "engine core"
+    assert role_of(worker, main.pid) == "engine worker"
     assert role_of(front, main.pid) == "front end 3"
     assert role_of(other, main.pid).startswith("python")
 

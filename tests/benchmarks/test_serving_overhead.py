@@ -88,5 +88,5 @@ def test_cpu_per_request_is_reported_by_process_role(bench: ModuleType) -> None:
                 "vllm_serve": [{"repeats": [{"requests_per_s": 40.0, "seconds": 2.0}]}]}  # recorded no CPU
     lines = bench.cpu_table(sessions)
     row = next(line for line in lines if line.startswith("| our_server |"))
-    assert row == "| our_server | - | 5 (0.25) | 8 (0.4) | 15 (0.75) | - | 28 |"
+    assert row == "| our_server | - | 5 (0.25) | 8 (0.4) | 15 (0.75) | - | - | 28 |"
     assert not any(line.startswith("| vllm_serve |") for line in lines)
