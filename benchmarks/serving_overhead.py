@@ -28,9 +28,12 @@ spread; the ratios are also taken round by round (paired: the columns of one rou
 minutes apart) and their median and range reported. The client runs on the same CPUs as the
 server, so client CPU counts against every column alike.
 Where the CPU goes: every repeat also records the CPU seconds of each process (the client, the
-HTTP server's main process, vLLM's engine core and model worker, the rest), reported per request and as a share of
-one CPU, to tell a front end that costs CPU from an engine core that gets less of it.
+HTTP server's main process, vLLM's engine core and model worker, the rest), reported per request
+and as a share of one CPU, to tell a front end that costs CPU from an engine that gets less of it.
 Results: results/benchmarks/serving_overhead.{json,md}.
+
+Over 400 lines in one file on purpose: the columns, their client, the figures and the report are
+one measurement, read together; what other benchmarks share is in benchlib.
 """
 
 from __future__ import annotations
