@@ -1,11 +1,16 @@
 """The flags `autotune run` and `autotune retune` share: how each config is measured (replay,
 load ladder, server start) and re-checked in the gate, and the request fields they fill.
 
-One definition keeps the two commands' spelling, defaults and help the same."""
+One definition keeps the two commands' spelling, defaults and help the same. The client-lag
+limit may also come from the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`), for hosts where the
+load client shares its CPUs with other work on purpose (a CI runner, a test suite) and a lagging
+client is expected rather than a measurement to throw away; the flag wins over it."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
@@ -18,6 +23,8 @@ from autotune.plan import (
     DEFAULT_TUNING_S,
 )
 from autotune.preflight import OVER_CONTEXT_CHOICES
+
+CLIENT_LAG_ENV = "AUTOTUNE_MAX_CLIENT_LAG_MS"
 
 
 def add_measurement_flags(add: Any) -> None:
@@ -33,8 +40,9 @@ def add_measurement_flags(add: Any) -> None:
              "of the passing one (default: %(default)s)")
     add("--max-client-lag-ms", type=float, default=None, metavar="MS",
         help="a measured run (ladder step or window) whose replayer send-lag p99 exceeds this "
-             "is not scored: the client, not only the server, shaped it (default: a tenth of "
-             "the tightest TTFT or E2E SLO threshold, at least 50)")
+             "is not scored: the client, not only the server, shaped it (default: $"
+             + CLIENT_LAG_ENV + " if set, else a tenth of the tightest TTFT or E2E SLO "
+             "threshold, at least 50)")
     add("--client-cpus", default="auto", metavar="auto|off|LIST",
         help="CPUs of the load client (the replayer); the server gets the others: auto = the "
              "last quarter of the host's CPUs on hosts of 8 or more with a GPU engine, off = "
@@ -58,13 +66,31 @@ def add_measurement_flags(add: Any) -> None:
         help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
 
 
-def measurement_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The `TuningRequest` fields the shared flags fill, by field name."""
-    if args.max_client_lag_ms is not None and not args.max_client_lag_ms > 0:
-        raise AutotuneError(f"--max-client-lag-ms {args.max_client_lag_ms:g}: must be above 0 "
+def client_lag_limit(flag_ms: float | None, environ: Mapping[str, str]) -> float | None:
+    """The client-lag limit in ms: the flag, else $AUTOTUNE_MAX_CLIENT_LAG_MS, else None (derived
+    from the SLOs downstream)."""
+    if flag_ms is not None:
+        if not flag_ms > 0:
+            raise AutotuneError(f"--max-client-lag-ms {flag_ms:g}: must be above 0 (e.g. 50)")
+        return flag_ms
+    text = environ.get(CLIENT_LAG_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = float("nan")
+    if not limit > 0 or limit == float("inf"):
+        raise AutotuneError(f"{CLIENT_LAG_ENV}={text}: must be a number of milliseconds above 0 "
                             "(e.g. 50)")
+    return limit
+
+
+def measurement_fields(args: argparse.Namespace,
+                       environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The `TuningRequest` fields the shared flags fill, by field name."""
     return {
-        "max_client_lag_ms": args.max_client_lag_ms,
+        "max_client_lag_ms": client_lag_limit(args.max_client_lag_ms, environ),
         "client_cpus": args.client_cpus,
         "over_context": args.over_context,
         "step_requests": args.step_requests,

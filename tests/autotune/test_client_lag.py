@@ -7,6 +7,7 @@ the trial-level rules run against the real fake-server process.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -18,6 +19,7 @@ from autotune.cli import main
 from autotune.measure.ladder import LadderSettings, LoadLadder, client_fell_behind, offered_rate
 from autotune.measure.scraper import MetricsSnapshot
 from autotune.measure.trial import TrialRunner
+from autotune.measure_flags import CLIENT_LAG_ENV, add_measurement_flags, measurement_fields
 from server.config import ServerConfig
 from workloads.errors import WorkloadError
 from workloads.replay import ReplayOptions
@@ -186,6 +188,31 @@ def test_a_bad_client_lag_limit_is_refused_in_one_line(value: str, tmp_path: Pat
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err == f"autotune: error: --max-client-lag-ms {value}: must be above 0 (e.g. 50)"
+    assert not (tmp_path / "trials").exists()
+
+
+def lag_limit_from(argv: list[str], environ: dict[str, str]) -> float | None:
+    parser = argparse.ArgumentParser()
+    add_measurement_flags(parser.add_argument)
+    return measurement_fields(parser.parse_args(argv), environ)["max_client_lag_ms"]
+
+
+def test_the_environment_sets_the_lag_limit_and_the_flag_wins_over_it() -> None:
+    assert lag_limit_from([], {}) is None  # derived from the SLOs downstream
+    assert lag_limit_from([], {CLIENT_LAG_ENV: "5000"}) == 5000.0
+    assert lag_limit_from(["--max-client-lag-ms", "70"], {CLIENT_LAG_ENV: "5000"}) == 70.0
+    assert lag_limit_from([], {CLIENT_LAG_ENV: " "}) is None
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "fast", "inf", "nan"])
+def test_a_bad_client_lag_limit_in_the_environment_is_refused_in_one_line(
+        value: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv(CLIENT_LAG_ENV, value)
+    code = main(["run", "--workload", SAMPLE, "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == (f"autotune: error: {CLIENT_LAG_ENV}={value}: must be a number of milliseconds "
+                   "above 0 (e.g. 50)")
     assert not (tmp_path / "trials").exists()
 
 

@@ -78,10 +78,6 @@ def test_two_workers_one_killed_mid_trial_study_completes_without_duplicates(
                  "--study-name", "dist", "--trials", "2", "--tuning-window", "5",
                  "--holdout-window", "6", "--top-k", "1", "--repeats", "1", "--baseline", baseline,
                  "--objective", "goodput",
-                 # Two engines measure at once on CI's 2 cores, so the replayer can lag past the
-                 # 50 ms limit and the trial would go unscored; the lag gate has its own tests
-                 # (test_client_lag.py), this one is about the workers.
-                 "--max-client-lag-ms", "5000",
                  "--space", space, "--slo", "ttft_p50_ms=1", "--output-dir", tmp_path / "creator"),
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
