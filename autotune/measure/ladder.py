@@ -523,8 +523,11 @@ class LoadLadder:
             shown = "none" if value is None else f"{value:.0f}"
             parts.append(f"{slo.metric} p{slo.percentile:g} {shown}/{slo.threshold_ms:g} ms")
         if early == "pass":
-            # The last few requests could not change the verdict: not waited for.
-            return True, ", ".join(parts) + f" (decided with {summary.cancelled} still running)"
+            # The last few requests could not change the verdict: not waited for (those not yet
+            # due when it was decided were never sent).
+            unsent = planned - summary.completed - summary.failed - summary.cancelled
+            left = f"{summary.cancelled} still running" + (f", {unsent} not yet sent" if unsent else "")
+            return True, ", ".join(parts) + f" (decided with {left})"
         return ok, ", ".join(parts)
 
     async def _drain(self, index: int) -> float:

@@ -135,9 +135,10 @@ def test_capacity_objective_scores_the_ladder_and_needs_the_recorded_rate_for_sl
 
 
 def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: list[SLO],
-                  replay_workers: int | str = "auto", max_send_lag_ms: float | None = None) -> TrialRunner:
+                  replay_workers: int | str = "auto", max_send_lag_ms: float | None = None,
+                  token_delay_s: float = 0.01) -> TrialRunner:
     behaviour = tmp_path / f"behaviour-{slots}.json"
-    behaviour.write_text(json.dumps({"slots": slots, "token_delay_s": 0.01}))
+    behaviour.write_text(json.dumps({"slots": slots, "token_delay_s": token_delay_s}))
     return TrialRunner(
         replay_workers=replay_workers,  # type: ignore[arg-type]
         server_command=[sys.executable, str(FAKE_SERVER), "--behaviour", str(behaviour)],
@@ -153,14 +154,20 @@ def ladder_runner(tmp_path: Path, slots: int, settings: LadderSettings, slos: li
 @pytest.mark.slow
 def test_a_server_with_more_slots_has_the_higher_capacity_each_in_one_launch(tmp_path: Path) -> None:
     """Side by side, same window and SLO: 1 slot vs 6 slots of the same per-request speed.
-    The 6-slot server must carry more; each ladder is one server process."""
-    slos = [parse_slo("ttft_p95_ms=150")]
+    The 6-slot server must carry more; each ladder is one server process.
+
+    A request takes ~200 ms and the TTFT limit is 600 ms: a stall of a busy 2-core machine (a
+    step's TTFT p95 went over a 150 ms limit at 10 req/s on 6 slots beside another job) does
+    not decide a step, a queue of requests does. The client-lag rule has its own tests."""
+    slos = [parse_slo("ttft_p95_ms=600")]
     settings = LadderSettings(step_requests=30, min_step_s=1.0, resolution=0.25, max_steps=8)
     config = ServerConfig(engine={"model": "fake"})
     results: dict[int, CapacityResult] = {}
     for slots in (1, 6):
         trial_dir = tmp_path / f"slots-{slots}"
-        outcome = ladder_runner(tmp_path, slots, settings, slos).run(config, window(), trial_dir)
+        runner = ladder_runner(tmp_path, slots, settings, slos, max_send_lag_ms=60_000,
+                               token_delay_s=0.04)
+        outcome = runner.run(config, window(), trial_dir)
         assert outcome.ok, outcome.failure_detail
         assert outcome.capacity is not None and len(outcome.capacity.steps) >= 2
         starts = (trial_dir / "server.log").read_text().count("fake server pid starting")
@@ -184,7 +191,8 @@ def test_ladder_steps_are_sent_by_the_trials_replayer_processes(tmp_path: Path) 
     window, and still finds the cliff (1 slot: a pass below it, a fail above)."""
     slos = [parse_slo("ttft_p95_ms=150")]
     settings = LadderSettings(step_requests=30, min_step_s=1.0, resolution=0.25, max_steps=6)
-    outcome = ladder_runner(tmp_path, 1, settings, slos, replay_workers=2).run(
+    # Not about the client-lag rule (test_client_lag.py): a lagging step is scored here.
+    outcome = ladder_runner(tmp_path, 1, settings, slos, replay_workers=2, max_send_lag_ms=60_000).run(
         ServerConfig(engine={"model": "fake"}), window(), tmp_path / "two-processes"
     )
     assert outcome.ok, outcome.failure_detail
@@ -197,8 +205,17 @@ def test_ladder_steps_are_sent_by_the_trials_replayer_processes(tmp_path: Path) 
         assert step.server is not None
         assert [p.role for p in step.server.processes] == ["main"]
         assert step.server.processes[0].cpu_s > 0
-    assert all(step.summary.completed + step.summary.failed + step.summary.cancelled
-               == step.requests for step in outcome.capacity.steps if not step.abandoned)
+    # Every request is accounted for: the records of both processes were merged. A step passed
+    # early leaves out the requests not yet due (its reason says how many; once, beside another
+    # job, a step was decided with 29 of 30 done and the 30th not sent).
+    for step in outcome.capacity.steps:
+        accounted = step.summary.completed + step.summary.failed + step.summary.cancelled
+        if not step.summary.stopped_early:
+            assert accounted == step.requests
+        elif step.passed:
+            unsent = step.requests - accounted
+            assert step.reason.endswith(f"{step.summary.cancelled} still running)" if not unsent
+                                        else f", {unsent} not yet sent)")
 
 
 @pytest.mark.slow
