@@ -105,6 +105,23 @@ def test_search_climbs_until_a_failure_then_bisects_to_the_resolution() -> None:
     assert floor.next_speedup() is None and floor.result(window()).capacity_rps == 0.0
 
 
+def test_a_step_passed_early_says_what_it_did_not_wait_for() -> None:
+    """The reason of an early pass names the requests still running and those never sent (not
+    yet due when the verdict was certain), so the step's counts add up to its requests."""
+    ladder = _ladder(LadderSettings(), [])
+    summary = ReplaySummary(
+        duration=1.0, completed=27, failed=0, cancelled=2, total_input_tokens=1,
+        total_output_tokens=1, request_throughput=1.0, output_throughput=1.0,
+        total_token_throughput=1.0,
+    )
+    measured = {"ttft_p95_ms=100": 40.0}
+    assert ladder._verdict(summary, measured, 30, "pass") == (
+        True, "ttft p95 40/100 ms (decided with 2 still running, 1 not yet sent)")
+    everything_sent = summary.model_copy(update={"cancelled": 3})
+    assert ladder._verdict(everything_sent, measured, 30, "pass") == (
+        True, "ttft p95 40/100 ms (decided with 3 still running)")
+
+
 def test_hinted_ladder_starts_at_the_hint_with_finer_steps() -> None:
     hinted = LadderSettings(growth=2.0, resolution=0.1).hinted(3.0)
     assert hinted.start_speedup == 3.0 and hinted.growth == pytest.approx(1.25)
