@@ -5,6 +5,8 @@
 # checkout outside the one the device tool re-sends; results land in RUN_DIR/results/.
 # Usage: MODEL=qwen2-1.5b-shape COLUMNS=in_process,ours:1,ours:4,vllm:1,vllm:4 [CLIENT_CPUS=auto|off|12-15] [SUFFIX=-split] [ROUNDS=2] \
 #          frontends.sh KIT_DIR RUN_DIR   (then: bash scripts/gpu/poll.sh RUN_DIR SECONDS)
+# Start it in the background and poll in the SAME device call: a lent machine goes back 30 s
+# after a call returns, and a run launched by a call that returned before its first poll was lost.
 # A column may change engine arguments, compared with the first column round by round:
 #   COLUMNS=ours:1,ours:1+max_cudagraph_capture_size=1024,ours:1+max_num_batched_tokens=512 ROUNDS=2
 set -euo pipefail
