@@ -9,6 +9,7 @@ client is expected rather than a measurement to throw away; the flag wins over i
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -79,8 +80,8 @@ def client_lag_limit(flag_ms: float | None, environ: Mapping[str, str]) -> float
     try:
         limit = float(text)
     except ValueError:
-        limit = float("nan")
-    if not limit > 0 or limit == float("inf"):
+        limit = math.nan
+    if not (math.isfinite(limit) and limit > 0):
         raise AutotuneError(f"{CLIENT_LAG_ENV}={text}: must be a number of milliseconds above 0 "
                             "(e.g. 50)")
     return limit
