@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socket) -> int:
     """Checks the engine settings with vLLM, then serves on `listener` until stopped."""
-    from server.engine import resolve_engine_config
+    from server.engine import keep_cpu_worker_in_engine_core, resolve_engine_config
 
+    keep_cpu_worker_in_engine_core()  # before the config: vLLM's platform picks the executor then
     # vLLM checks the values (dtype, lengths, memory fraction ...) when it builds its config;
     # doing that before the engine starts turns a bad value into exit 2, not a crash later.
     try:

@@ -12,9 +12,11 @@ import time
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotune.measure.process_cpu import role_of
 from server.engine import KV_CACHE_USAGE_METRICS, TTFT_METRICS
 
 pytestmark = pytest.mark.engine
@@ -78,6 +80,18 @@ def test_health_answered_503_until_the_engine_was_ready(server: RunningServer) -
     assert len(ready) == 1, ready
     settings = json.loads(ready[0].split("engine ready: ", 1)[1])
     assert settings["max_num_seqs"] == server.config.engine["max_num_seqs"]
+
+
+def test_on_cpu_the_model_worker_runs_inside_the_engine_core(server: RunningServer) -> None:
+    # vLLM's CPU platform would give the worker a process of its own that busy-polls the engine
+    # core (server.engine.keep_cpu_worker_in_engine_core says what that cost); ours keeps it in
+    # the engine core's process, and the log says which executor ran.
+    ready = [line for line in server.log_path.read_text(errors="replace").splitlines() if "engine ready: " in line]
+    assert json.loads(ready[0].split("engine ready: ", 1)[1])["executor_backend"] == "uni"
+    main = psutil.Process(server.process.pid)
+    roles = [role_of(p, main.pid) for p in [main, *main.children(recursive=True)]]
+    assert roles.count("engine core") == 1, roles
+    assert "engine worker" not in roles, roles
 
 
 def test_translate_round_trip(server: RunningServer) -> None:
