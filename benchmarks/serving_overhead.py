@@ -434,6 +434,11 @@ def main() -> int:
         return 0
     if args.render:
         return render(args.render)
+    # Every column runs vLLM's engine one way: on the CPU platform, the model worker inside the
+    # engine core's process, as our server does; vllm serve and the in-process child inherit it.
+    from server.engine import keep_cpu_worker_in_engine_core
+
+    keep_cpu_worker_in_engine_core()
     args.requests = args.requests or (128 if args.quick else 192)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.repeats = args.repeats or (2 if args.quick else 3)
@@ -537,6 +542,11 @@ def notes_for(sessions: dict[str, list[dict]]) -> list[str]:
         "Another user's vLLM engine ran during part of round(s) "
         f"{', '.join(map(str, contaminated)) or 'none'} (sampled once a second; per session in "
         "'sessions[].other_engines'): those sessions competed for the CPUs.",
+        "Every column ran vLLM's model worker the same way: inside the engine core's process "
+        f"(VLLM_ENABLE_V1_MULTIPROCESSING={os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', 'unset')}"
+        " here; our server sets 0 on the CPU platform, server.engine.keep_cpu_worker_in_engine_core, "
+        "and the in-process child and vllm serve inherit it from this script). Before 2026-11-26 the "
+        "worker ran in a process of its own that busy-polled the engine core.",
         "vllm_serve: `benchmarks/vllm_cli.py serve --config FILE` = vLLM's api_server module, what "
         "`vllm serve` runs with one API server; the `vllm` console script itself cannot start on "
         "this CPU (see benchmarks/vllm_cli.py).",
