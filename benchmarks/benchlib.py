@@ -43,6 +43,9 @@ class Machine(BaseModel):
     platform: str
     python: str
     numa_nodes: int | None = None
+    vector_isa: str = ""
+    """The widest x86 vector extension the CPU has (avx512, avx2, ...): vLLM's CPU kernels ran
+    several times slower on the AVX2-only machines of this workplace than on the AVX512 ones."""
 
 
 class Goal(BaseModel):
@@ -77,13 +80,16 @@ class BenchmarkResult(BaseModel):
 
 def machine() -> Machine:
     model = ""
+    flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not model:
                 model = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    isa = next((name for name in ("avx512f", "avx2", "avx", "sse4_2") if name in flags), "")
     nodes = None
     node_dir = Path("/sys/devices/system/node")
     if node_dir.exists():
@@ -95,6 +101,7 @@ def machine() -> Machine:
         platform=platform.platform(),
         python=platform.python_version(),
         numa_nodes=nodes,
+        vector_isa=isa.removesuffix("f"),
     )
 
 
@@ -203,7 +210,8 @@ def render_markdown(result: BenchmarkResult, tables: str, folder: str = "results
         "",
         f"- Command: `{result.command}` (mode: {result.mode})",
         f"- Date: {result.date}, commit {result.git_commit}, wall time {result.wall_s:.0f} s",
-        f"- Machine: {m.cpus} CPUs ({m.cpu_model}), {m.memory_gib} GiB RAM, {m.platform}, "
+        f"- Machine: {m.cpus} CPUs ({m.cpu_model}{', ' + m.vector_isa.upper() if m.vector_isa else ''}), "
+        f"{m.memory_gib} GiB RAM, {m.platform}, "
         f"Python {m.python}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in result.versions.items()),
         f"- Load average (1/5/15 min) before: {fmt_list(result.load_average_before)}, after: "
