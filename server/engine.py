@@ -71,8 +71,8 @@ def keep_cpu_worker_in_engine_core() -> bool:
     engine core and the worker busy-poll one shared-memory queue: on 2 cores the two held ~1.9
     CPUs between them, and whatever the front end used came out of the worker's share. With the
     worker inside the engine core (AsyncLLM still runs the engine core in its own process) the
-    embedded default started in 37-39 s instead of 57-61 s and served 80 requests in 13.5 s
-    instead of 20 s (2026-11-26, 2-core VM, side by side). Call it before vLLM's config is built
+    embedded default started in 31-34 s instead of 40-44 s and 32 sequences decoded 742 instead of
+    477 tokens/s (benchmarks/worker_layout.py, 2026-11-26, 2-core VM). Call it before vLLM's config is built
     (the platform decides then); a value the caller set for VLLM_ENABLE_V1_MULTIPROCESSING
     wins. Returns whether the worker stays in the engine core.
     """
