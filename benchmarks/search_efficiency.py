@@ -11,6 +11,11 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
      load ladder, the highest req/s meeting every SLO). The baseline is measured first, with
      an unhinted ladder (as trial 0); every other point's ladder starts at the baseline's
      capacity, as `autotune run` starts a trial's ladder at the best capacity so far.
+   - `--shard K/N` (capacity): one of N processes measuring one table at once, each on its own
+     GPU of a multi-GPU host (CUDA_VISIBLE_DEVICES, its own CPUs): shard K takes every Nth point
+     of the measurement order after the baseline, which must be measured first (the other points'
+     ladders start at its capacity). Each shard adds its points to table.json under a file lock,
+     re-reading it first, so no shard's point is lost; each has its own server registry.
    - `--objective goodput`: the older table (results/benchmarks/search_grid): one timed replay
      of a 15 s window per point, goodput under the default CPU SLOs.
 2. `replay`: the strategies are run over each measured table for 20 seeds; a trial is answered
@@ -35,7 +40,9 @@ results/benchmarks/search_efficiency.{json,md} (quick: results/benchmarks/quick/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import itertools
 import math
 import os
@@ -223,6 +230,51 @@ def measurement_order(seqs: Sequence[int], batched: Sequence[int], defaults: tup
     return [(BASELINE_LABEL, None, None)] + [rest[i] for i in rng.permutation(len(rest))]
 
 
+def shard_points(order: Sequence[tuple[str, int | None, int | None]], shard: tuple[int, int]
+                 ) -> list[tuple[str, int | None, int | None]]:
+    """The points shard K of N measures: all of them for one shard; else every Nth point after
+    the baseline, from the K-th (the same split in every process, whatever is already done)."""
+    index, count = shard
+    if count == 1:
+        return list(order)
+    return [point for point in order if point[0] != BASELINE_LABEL][index::count]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`--shard K/N` (argparse type): K in 0..N-1."""
+    index, sep, count = text.partition("/")
+    try:
+        k, n = int(index), int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, e.g. 0/4") from None
+    if not sep or n < 1 or not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N with 0 <= K < N, e.g. 0/4")
+    return k, n
+
+
+@contextlib.contextmanager
+def table_lock(table_dir: Path):
+    """Held while a process reads and rewrites table.json (shards measure one table at once)."""
+    table_dir.mkdir(parents=True, exist_ok=True)
+    with open(table_dir / ".table.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def store_point(table_path: Path, settings: dict[str, Any], point: Point) -> Table:
+    """Add (or replace) one point in table.json as it is on disk now, under the table's lock:
+    points that other shards stored since this process read the table are kept."""
+    with table_lock(table_path.parent):
+        table = (Table.model_validate_json(table_path.read_text()) if table_path.exists()
+                 else Table(settings=settings))
+        table.points = [p for p in table.points if p.label != point.label] + [point]
+        write_json_atomic(table_path, table.model_dump(mode="json"))
+    return table
+
+
 def keep_small(trial_dir: Path) -> None:
     """The table keeps what the replay and a reader need: outcome.json (the ladder's steps are
     in it), config.yaml, summary.json, server_metrics.json, server.log."""
@@ -290,14 +342,23 @@ def measure_capacity(args: argparse.Namespace) -> int:
     table.settings = settings
     default_key = (int(defaults["max_num_seqs"]), int(defaults["max_num_batched_tokens"]))
     order = measurement_order(args.seqs, args.batched, default_key, args.order_seed)
+    shard_index, shards = args.shard
+    if shards > 1 and table.baseline_point() is None:
+        raise SystemExit(f"{table_path}: --shard {shard_index}/{shards} needs the baseline measured "
+                         "first (every other point's ladder starts at its capacity): run once with "
+                         "--max-points 1 and no --shard")
     done = {p.label for p in table.points}
-    todo = [w for w in order if w[0] not in done]
+    todo = [w for w in shard_points(order, args.shard) if w[0] not in done]
     if args.max_points is not None:
         todo = todo[: args.max_points]
-    say(f"{len(done)} points measured, {len(todo)} to measure now; window {len(tuning)} requests, "
+    say(f"{len(done)} points measured, {len(todo)} to measure now"
+        + (f" (shard {shard_index}/{shards})" if shards > 1 else "")
+        + f"; window {len(tuning)} requests, "
         f"{settings['recorded_rps']:.2f} req/s recorded; SLOs {', '.join(settings['slos'])}; ladder "
         f"{ladder.step_requests} requests / >= {ladder.min_step_s:g} s a step")
-    runner = build_runner(plan, registry=table_dir / "servers.json", say=say)
+    # A registry of its own per shard: a starting run ends the servers its registry names.
+    registry = table_dir / ("servers.json" if shards == 1 else f"servers-shard{shard_index}.json")
+    runner = build_runner(plan, registry=registry, say=say)
     objective = Objective(kind="capacity")
     for label, seqs, batched in todo:
         base = table.baseline_point()
@@ -346,8 +407,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
             start_speedup=hint,
             limiting_slo=None if capacity is None else limiting_slo(capacity, slos),
         )
-        table.points = [p for p in table.points if p.label != label] + [point]
-        write_json_atomic(table_path, table.model_dump(mode="json"))
+        table = store_point(table_path, settings, point)
         keep_small(trial_dir)
         say(f"{label}: capacity {point.score:.3g} req/s ({fmt(point.headroom)}x the recorded rate, "
             f"{point.ladder_steps} steps, {'bracketed' if point.bracketed else 'not bracketed'}, "
@@ -977,6 +1037,9 @@ def main() -> int:
     measure_parser.add_argument("--max-points", type=int, default=None,
                                 help="measure at most N more points, then stop (resume later)")
     measure_parser.add_argument("--order-seed", type=int, default=0)
+    measure_parser.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="K/N",
+                                help="capacity: measure only shard K of N (every Nth point after the "
+                                     "baseline), beside N-1 other processes on other GPUs")
     measure_parser.add_argument("--window-s", type=float, default=15.0, help="goodput only: wall seconds replayed")
     measure_parser.add_argument("--speedup", type=float, default=1.0, help="goodput only")
     measure_parser.add_argument("--request-timeout", type=float, default=20.0, help="goodput only")

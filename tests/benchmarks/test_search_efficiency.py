@@ -225,3 +225,46 @@ def test_a_grid_leaves_out_the_points_vllm_would_refuse(bench) -> None:
     assert sorted(label for label, _, _ in order[1:]) == ["s512-b1024", "s512-b512"]
     table = bench.Table(settings={"grid": {"max_num_seqs": [512, 1024], "max_num_batched_tokens": [512, 1024]}})
     assert (1024, 512) not in table.grid_keys() and len(table.grid_keys()) == 3
+
+
+def test_shards_split_the_points_after_the_baseline_without_overlap(bench) -> None:
+    order = bench.measurement_order([128, 256, 512, 1024], [512, 1024, 2048, 4096, 8192], (1024, 8192),
+                                    order_seed=0)
+    shards = [bench.shard_points(order, (k, 4)) for k in range(4)]
+    labels = [label for shard in shards for label, _, _ in shard]
+    assert sorted(labels) == sorted(label for label, _, _ in order[1:])  # each point once
+    assert "baseline" not in labels
+    assert [len(shard) for shard in shards] == [5, 5, 4, 4]
+    assert bench.shard_points(order, (0, 1)) == order  # one process: the baseline first, then all
+
+
+def test_a_shard_is_written_k_slash_n_and_anything_else_is_named(bench) -> None:
+    assert bench.parse_shard("2/4") == (2, 4)
+    for text, message in (("4/4", "0 <= K < N"), ("1", "expected K/N"), ("a/4", "expected K/N")):
+        with pytest.raises(Exception, match=message):
+            bench.parse_shard(text)
+
+
+def test_shards_storing_points_at_once_lose_none(bench, table, tmp_path) -> None:
+    # Four real processes add 15 points each to one table.json at the same time, as the shards
+    # of a multi-GPU grid do: every point of every process is in the table afterwards.
+    import subprocess
+    import sys
+
+    folder = tmp_path / "grid"
+    template = table.points[0].model_copy(update={"baseline": False}).model_dump_json()
+    (tmp_path / "point.json").write_text(template)
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import search_efficiency as bench; "
+        "from pathlib import Path; folder = Path(sys.argv[2]); "
+        "template = bench.Point.model_validate_json(Path(sys.argv[3]).read_text()); "
+        "settings = bench.load_table(folder).settings; "
+        "[bench.store_point(folder / 'table.json', settings, template.model_copy(update={'label': f'{sys.argv[4]}-{i}'})) "
+        "for i in range(15)]"
+    )
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(ROOT / "benchmarks"), str(folder),
+                                   str(tmp_path / "point.json"), f"shard{k}"]) for k in range(4)]
+    assert [p.wait(timeout=120) for p in processes] == [0, 0, 0, 0]
+    labels = {p.label for p in bench.load_table(folder).points}
+    assert {f"shard{k}-{i}" for k in range(4) for i in range(15)} <= labels
+    assert {p.label for p in table.points} <= labels  # what was there before is kept too
