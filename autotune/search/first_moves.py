@@ -13,8 +13,14 @@ predicts which knob matters, and the baseline's capacity ladder says which SLO b
   decodes): half the budget and a larger one, one move each.
 Moves outside the search space are clamped to it; moves equal to the baseline or to one
 already queued are dropped. A move that beats everything measured before it is followed one
-step further the same way (`follow_up`: 8192 -> 2048 paid off, so 1024 next). Then TPE
-proposes, learning from these trials as from any other.
+step further the same way (`follow_up`: 8192 -> 2048 paid off, so 1024 next), until a step
+no longer pays. The moves still planned then start from the best config so far, not from
+the baseline (`rebase`: a coordinate search), and one along a direction that already paid off
+is dropped, since following it searched that line; a move that lands on a config already
+measured or queued, or on one vLLM refuses (a relation of the space), is skipped without a
+launch. On the H200 long-prompt grid this reached the grid's best in 4 launches (batched
+8192 -> 2048 -> 1024, then half the sequences from there), where moves from the baseline
+never combined the two knobs. Then TPE proposes, learning from these trials as from any other.
 
 The min-memory objective asks a different question (the least memory that still meets every
 SLO at H x the recorded rate), and memory is monotone in it: more never hurts. So its first
@@ -45,20 +51,34 @@ MEMORY_RESOLUTION = 0.02  # of the device's memory, when the space's memory has 
 
 
 class Move(BaseModel):
-    """One queued config: the baseline with one knob changed."""
+    """One queued config: the best config so far (at first the baseline) with one knob changed."""
 
-    name: str  # e.g. "max_num_batched_tokens / 4"
+    name: str  # e.g. "max_num_batched_tokens=2048"
     why: str
     values: dict[str, Any]  # engine values of every space parameter the move sets
     knob: str
     factor: float
+    follow: bool = False  # a step further along a move that paid off
+
+    @property
+    def direction(self) -> str:
+        """The knob and which way it moves, e.g. "max_num_batched_tokens-"."""
+        return f"{self.knob}{'+' if self.factor > 1 else '-'}"
 
 
 def follow_up(move: Move, space: SearchSpace) -> Move | None:
     """The next step along a move that paid off: the same knob, half the factor's step
     again (x2 after a growth, / 2 after a shrink), the rest unchanged."""
     step = 2.0 if move.factor > 1 else 0.5
-    return _move(space, move.values, move.knob, step, f"{move.name} paid off: one step further")
+    nxt = _move(space, move.values, move.knob, step, f"{move.name} paid off: one step further")
+    return None if nxt is None else nxt.model_copy(update={"follow": True})
+
+
+def rebase(move: Move, space: SearchSpace, best_values: Mapping[str, Any]) -> Move | None:
+    """The move's knob change applied to the best config so far instead of the config it was
+    planned from (None when the change leaves that config as it is)."""
+    moved = _move(space, best_values, move.knob, move.factor, move.why)
+    return None if moved is None else moved.model_copy(update={"follow": move.follow})
 
 
 def limiting_slo(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:

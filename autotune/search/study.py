@@ -35,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.measure.ladder import CapacityResult
 from autotune.measure.signals import stop_reason
 from autotune.progress import format_duration, progress_line
-from autotune.search.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent
+from autotune.search.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent, rebase
 from autotune.search.gate_runner import GateRunner, Runner, ValidationResult
 from autotune.search.objective import (
     CONFIG_FAILURES,
@@ -221,9 +221,35 @@ class TuningStudy:
         pending = [Move.model_validate(m) for m in study.user_attrs.get("pending_moves", [])]
         pending = self._follow_moves(study) + pending
         busy = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-        if pending and not busy:
-            self._queue_move(study, pending.pop(0))
+        while pending and not busy:
+            move = self._next_move(study, pending.pop(0))
+            if move is not None:
+                self._queue_move(study, move)
+                break
         study.set_user_attr("pending_moves", [m.model_dump(mode="json") for m in pending])
+
+    def _next_move(self, study: optuna.Study, planned: Move) -> Move | None:
+        """The planned move as it is launched now: from the best config so far; None (said, not
+        launched) along a direction that already paid off, or onto a config measured already or
+        one that breaks a relation of the space."""
+        if not planned.follow and planned.direction in study.user_attrs.get("paid_off", []):
+            self.say(f"skipping move {planned.name}: {planned.direction} already paid off and was followed")
+            return None
+        trials = study.get_trials(deepcopy=False)
+        scored = [t for t in trials if t.state == TrialState.COMPLETE and feasible(t)]
+        best = max(scored, key=lambda t: float(t.user_attrs.get("capacity_rps") or 0.0), default=None)
+        move = planned if best is None else rebase(planned, self.inputs.space, best.user_attrs.get("engine_params") or {})
+        if move is None:
+            return None
+        tried = [t.user_attrs.get("engine_params") or {} for t in trials]  # none waits: not busy
+        if any(all(params.get(k) == v for k, v in move.values.items()) for params in tried):
+            self.say(f"skipping move {move.name}: that config was measured already")
+            return None
+        broken = self.inputs.space.broken_relations(move.values)
+        if broken:
+            self.say(f"skipping move {move.name}: it breaks {'; '.join(broken)}")
+            return None
+        return move
 
     def _queue_memory_descent(self, study: optuna.Study) -> None:
         """min-memory: queue the next memory of the bisection (autotune.search.first_moves.
@@ -286,7 +312,10 @@ class TuningStudy:
             score = float(trial.user_attrs.get("capacity_rps") or 0.0) if feasible(trial) else 0.0
             move = self._as_move(study, trial)
             if move is not None and trial.number not in followed and trial.state.is_finished():
-                nxt = follow_up(move, self.inputs.space) if score > best_before * 1.02 else None
+                paid_off = score > best_before * 1.02
+                if paid_off:
+                    study.set_user_attr("paid_off", sorted({*study.user_attrs.get("paid_off", []), move.direction}))
+                nxt = follow_up(move, self.inputs.space) if paid_off else None
                 if nxt is not None:
                     found.append(nxt)
                     self.say(f"{trial_label(trial.number)} ({move.name}) paid off: next {nxt.name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from autotune.measure.ladder import CapacityResult, LadderStep
 from autotune.measure.scraper import ServerMetrics
 from autotune.search.first_moves import first_moves, limiting_slo
+from autotune.search.relations import parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
@@ -66,7 +67,9 @@ def test_moves_stay_inside_the_space_and_are_never_the_baseline() -> None:
 # -- the study's first phase, with a fake runner whose capacity peaks at 1024 batched tokens --
 
 
-def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -> None:
+def run_ladder_study(tmp_path, space: SearchSpace, n_trials: int):
+    """A study over a fake runner whose capacity peaks at 512 sequences and 1024 batched
+    tokens; TPOT is what breaks (as on the H100). Returns the (seqs, batched) launched and the study."""
     import math
     from pathlib import Path
 
@@ -80,17 +83,16 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
         [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
 
     class LadderRunner:
-        """Capacity peaks at 1024 batched tokens; TPOT is what breaks (as on the H100)."""
-
         def __init__(self) -> None:
-            self.batched: list[int] = []
+            self.launched: list[tuple[int, int]] = []
 
         def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
                 start_speedup=None) -> TrialOutcome:
             trial_dir.mkdir(parents=True, exist_ok=True)
+            seqs = int(config.engine.get("max_num_seqs") or 1024)
             batched = int(config.engine.get("max_num_batched_tokens") or 8192)
-            self.batched.append(batched)
-            rps = 10.0 - 2.0 * abs(math.log2(batched / 1024))
+            self.launched.append((seqs, batched))
+            rps = 10.0 - 2.0 * abs(math.log2(batched / 1024)) - 1.0 * abs(math.log2(seqs / 512))
             result = capacity(step(rps / 10, True, 200, 45), step(rps / 10 * 1.1, False, 300, 60))
             result = result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
             (trial_dir / "ladder.json").write_text(result.model_dump_json())
@@ -98,18 +100,37 @@ def test_the_study_tries_the_moves_and_follows_the_one_that_paid_off(tmp_path) -
 
     runner = LadderRunner()
     study = TuningStudy(
-        options=StudyOptions(study_name="moves", output_dir=tmp_path, n_trials=4, top_k=1, repeats=1),
+        options=StudyOptions(study_name="moves", output_dir=tmp_path, n_trials=n_trials, top_k=1, repeats=1),
         inputs=SearchInputs(
-            space=SPACE, objective=Objective(kind="capacity"), slos=SLOS,
+            space=space, objective=Objective(kind="capacity"), slos=SLOS,
             baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
             tuning_window=window, holdout_window=window, effective_defaults=DEFAULTS),
         runner=runner, say=lambda line: None,
     )
     study.run_search()
-    # Baseline 8192, then a quarter (2048) paid off, so one step further (1024), then 4096.
-    assert runner.batched == [8192, 2048, 1024, 4096]
+    return runner.launched, study
+
+
+def test_the_study_follows_the_move_that_paid_off_then_moves_the_next_knob_from_the_best(tmp_path) -> None:
+    launched, study = run_ladder_study(tmp_path, SPACE, n_trials=5)
+    # Baseline 8192; a quarter (2048) paid off, so one step further (1024). The budget's floor
+    # ends that line and half the budget (the same direction) is not tried again; half the
+    # sequences then starts from the best so far (1024 batched), not from the baseline, and
+    # pays off too, so one step further (256).
+    assert launched == [(1024, 8192), (1024, 2048), (1024, 1024), (512, 1024), (256, 1024)]
     best = study.gate.best_trials(study.study, 1)[0]
     assert best.user_attrs["capacity_rps"] == 10.0
+    assert best.user_attrs["engine_params"]["max_num_seqs"] == 512
+
+
+def test_a_move_vllm_would_refuse_is_skipped_without_spending_a_trial(tmp_path) -> None:
+    # With 512 batched tokens in the space, following 1024 -> 512 at 1024 sequences breaks
+    # "max_num_batched_tokens >= max_num_seqs": it is skipped, not launched or counted.
+    space = SearchSpace({**SPACE.params, "max_num_batched_tokens": ParamSpec(type="pow2", low=512, high=16384)},
+                        [parse_relation("max_num_batched_tokens >= max_num_seqs")])
+    launched, study = run_ladder_study(tmp_path, space, n_trials=4)
+    assert launched == [(1024, 8192), (1024, 2048), (1024, 1024), (512, 1024)]
+    assert len(study.study.trials) == 4 and not any(t.user_attrs.get("broken_relations") for t in study.study.trials)
 
 
 # -- min-memory: bisecting memory ----------------------------------------------------------

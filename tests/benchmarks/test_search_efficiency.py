@@ -268,3 +268,11 @@ def test_shards_storing_points_at_once_lose_none(bench, table, tmp_path) -> None
     labels = {p.label for p in bench.load_table(folder).points}
     assert {f"shard{k}-{i}" for k in range(4) for i in range(15)} <= labels
     assert {p.label for p in table.points} <= labels  # what was there before is kept too
+
+
+def test_the_least_any_baseline_first_search_can_spend_is_the_baseline_plus_the_cheapest_good_point(bench, table) -> None:
+    # The synthetic grid: 9 points of POINT_S each; the defaults carry 6, the best (10) is one
+    # launch away, so no search that measures the defaults first can spend less than 2 points.
+    assert bench.least_share_baseline_first(table, 10.0, 9 * POINT_S) == pytest.approx(2 / 9)
+    # When the defaults already reach 0.95x of the best, the baseline's launch alone.
+    assert bench.least_share_baseline_first(table, 6.0, 9 * POINT_S) == pytest.approx(1 / 9)
