@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import typing
 from collections.abc import Mapping
@@ -57,6 +58,11 @@ OUR_SECTION = "vllm_autotune"  # key inside additional-config
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny-multilingual"
 # The embedded model's context as served (its config allows 32768; short keeps the KV cache small).
 DEFAULT_MAX_MODEL_LEN = 2048
+# On CPU: the embedded model's share of the NUMA node's RAM, and the least it may get in GiB.
+# The engine-core process (the model worker runs inside it) held 0.68-0.73 GiB besides its KV
+# cache; 1.5 GiB leaves a KV cache of ~0.8 GiB (~400,000 tokens of the tiny model).
+CPU_MEMORY_SHARE = 0.1
+CPU_MEMORY_FLOOR_GIB = 1.5
 PROGRAMMATIC = "<config>"  # the `path` of errors about a config built in code
 
 
@@ -527,7 +533,28 @@ def default_engine_settings() -> dict[str, Any]:
         # On CPU this is the share of the NUMA node's RAM the worker may use, KV cache included
         # (0.9 fails on small hosts). vLLM fills the KV cache at start at ~2.5 s per GiB here:
         # 0.3 of 24 GB took 18 s of a 39 s start, 0.1 took 4 s of 23 s. 0.1 still leaves the
-        # tiny model a 1.7 GiB KV cache (880,000 tokens; the demo's trials peaked at < 0.1% of
-        # 0.3's), and works down to ~8 GB of RAM.
-        settings["gpu_memory_utilization"] = 0.1
+        # tiny model a 1.2 GiB KV cache on a 19 GiB node (the demo's trials peaked at < 0.1% of
+        # 0.3's); on a smaller node the share grows to keep CPU_MEMORY_FLOOR_GIB.
+        settings["gpu_memory_utilization"] = cpu_memory_share(cpu_node_memory())
     return settings
+
+
+def cpu_memory_share(node_bytes: int) -> float:
+    """The embedded model's `gpu_memory_utilization` on a CPU whose NUMA node has `node_bytes`:
+    CPU_MEMORY_SHARE, or on a node too small for that to hold CPU_MEMORY_FLOOR_GIB, the share that
+    does (rounded up to hundredths, at most half the node). 0.1 of a 7 GiB node (a fresh VM whose
+    memory grows later, or an 8 GB laptop) is less than the process holds before any KV cache,
+    and vLLM refused to start with it."""
+    needed = CPU_MEMORY_FLOOR_GIB * 2**30 / max(node_bytes, 1)
+    if needed <= CPU_MEMORY_SHARE:
+        return CPU_MEMORY_SHARE
+    return min(0.5, math.ceil(round(needed * 100, 6)) / 100)
+
+
+def cpu_node_memory() -> int:
+    """Bytes of RAM of the NUMA node vLLM's CPU worker sizes its memory from (the node of the
+    first CPU this process may run on, as vLLM picks it)."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    cpus = get_allowed_cpu_list()
+    return int(get_memory_node_info(cpus[0].numa_node if cpus else 0).total_memory)

@@ -128,7 +128,7 @@ class SpaceFile(BaseModel):
 def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> dict[str, ParamSpec]:
     """The product card's space. On CPU `gpu_memory_utilization` is the share of CPU memory
     vLLM's worker may use, KV cache included (0.92 fails on a 24 GB machine). Its band stays
-    near the embedded default (0.1): the CPU demo's trials used < 0.1% of 0.3's KV cache
+    near the embedded default (0.1 of a node of 15 GiB or more): the CPU demo's trials used < 0.1% of 0.3's KV cache
     (results/cpu-2026-11-23/run10), and each GiB more costs ~2.5 s of every start.
 
     `wide_memory` (the min-memory objective): memory from 0.05 up, in steps of 0.05, so that a
@@ -139,7 +139,12 @@ def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> di
     elif accelerator == "gpu":
         memory = ParamSpec(type="float", low=0.80, high=0.95)
     else:
-        memory = ParamSpec(type="float", low=0.08, high=0.16)
+        # 0.8x-1.6x the embedded default's share: 0.08-0.16 on a node of 15 GiB or more; higher
+        # on a smaller node, where 0.08 could not hold the engine process (server.config).
+        from server.config import cpu_memory_share, cpu_node_memory
+
+        share = cpu_memory_share(cpu_node_memory())
+        memory = ParamSpec(type="float", low=round(0.8 * share, 4), high=round(min(1.6 * share, 0.9), 4))
     return {
         "max_num_seqs": ParamSpec(type="int", low=1, high=32, log=True),
         "max_num_batched_tokens": ParamSpec(

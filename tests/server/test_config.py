@@ -12,9 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.config import (
+    CPU_MEMORY_FLOOR_GIB,
     ConfigError,
     ServerConfig,
     ServingSettings,
+    cpu_memory_share,
+    cpu_node_memory,
     default_engine_settings,
 )
 
@@ -157,7 +160,19 @@ def test_default_settings_use_the_embedded_model_on_cpu() -> None:
 
     if current_platform.is_cpu():
         assert settings["enforce_eager"] is True
-        assert settings["gpu_memory_utilization"] == 0.1
+        assert settings["gpu_memory_utilization"] == cpu_memory_share(cpu_node_memory())
+
+
+def test_the_cpu_memory_share_is_a_tenth_of_the_node_unless_that_is_too_little_to_start() -> None:
+    gib = 2**30
+    assert cpu_memory_share(20 * gib) == 0.1  # a 24 GB machine: 2 GiB, as before
+    # A fresh 2-core VM's node read 7.09 GiB: 0.1 of it was less than the engine-core process
+    # held before any KV cache (0.73 GiB) and vLLM refused to start. The share grows to hold
+    # CPU_MEMORY_FLOOR_GIB.
+    small = int(7.09 * gib)
+    assert cpu_memory_share(small) == 0.22 and 0.22 * small >= CPU_MEMORY_FLOOR_GIB * gib
+    assert cpu_memory_share(15 * gib) == 0.1 and cpu_memory_share(14 * gib) == 0.11
+    assert cpu_memory_share(1 * gib) == 0.5  # never more than half the node
 
 
 @pytest.mark.slow  # real `python -m server` subprocesses
