@@ -33,8 +33,11 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
 
 TABLE defaults to results/benchmarks/search_grid_capacity (goodput: results/benchmarks/search_grid;
 quick: /tmp/...). `replay` defaults to every committed table: those two and the GPU grids
-(results/h100-DATE/SCENARIO/grid, measured on the GPU host with --table RUN/grid and copied back). Results:
+(results/h100-DATE/SCENARIO/grid, h200-..., measured on the GPU host with --table RUN/grid and copied back). Results:
 results/benchmarks/search_efficiency.{json,md} (quick: results/benchmarks/quick/).
+
+One script over ~400 lines, as every benchmark here is one runnable file: measuring a table,
+replaying it and writing its report share the table's model and are read together.
 """
 
 from __future__ import annotations
