@@ -8,7 +8,9 @@ run=${1:?run dir}; wait_s=${2:-480}
 deadline=$(( $(date +%s) + wait_s ))
 while [ "$(date +%s)" -lt "$deadline" ]; do
   # The tuner (or the grid) has exited (or never started): no point waiting longer.
-  pgrep -f "autotune run|search_efficiency.py measure|grid-8b-gpus.sh|throughput_ceiling.py|scenario1-h200.sh|frontend_capacity.py|frontends.sh" >/dev/null || break
+  # Anchored at the start of the command line, so that the device call's own shell (whose
+  # command text may name these scripts) is not mistaken for the run.
+  pgrep -f "^(bash scripts/gpu/(grid-8b-gpus|frontends|scenario1-h200)\.sh|python3 (-m autotune run|benchmarks/(search_efficiency\.py measure|throughput_ceiling\.py|frontend_capacity\.py)))" >/dev/null || break
   sleep 10
 done
 grep -E "step|round|capacity|trial|first move|paid off|gate|Headroom|KEPT|winner|wrote|Error|error" "$run"/*.log | tail -25
