@@ -267,12 +267,16 @@ def table_lock(table_dir: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def read_table(table_path: Path, settings: dict[str, Any]) -> Table:
+    """table.json as measured so far, or an empty table with these settings."""
+    return Table.model_validate_json(table_path.read_text()) if table_path.exists() else Table(settings=settings)
+
+
 def store_point(table_path: Path, settings: dict[str, Any], point: Point) -> Table:
     """Add (or replace) one point in table.json as it is on disk now, under the table's lock:
     points that other shards stored since this process read the table are kept."""
     with table_lock(table_path.parent):
-        table = (Table.model_validate_json(table_path.read_text()) if table_path.exists()
-                 else Table(settings=settings))
+        table = read_table(table_path, settings)
         table.points = [p for p in table.points if p.label != point.label] + [point]
         write_json_atomic(table_path, table.model_dump(mode="json"))
     return table
@@ -337,7 +341,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
                 "`autotune run` starts a trial at the best capacity found so far",
     }
     check_powers_of_two(settings)
-    table = Table.model_validate_json(table_path.read_text()) if table_path.exists() else Table(settings=settings)
+    table = read_table(table_path, settings)
     if table.points and table.settings != settings:
         changed = sorted(k for k in {*settings, *table.settings} if settings.get(k) != table.settings.get(k))
         raise SystemExit(f"{table_path} was measured with other settings ({', '.join(changed)}); "
@@ -463,7 +467,7 @@ def measure_goodput(args: argparse.Namespace) -> int:
         "grid": {"max_num_seqs": list(args.seqs), "max_num_batched_tokens": list(args.batched)},
         "measurement": "autotune.measure.trial.TrialRunner (timed replay, 4 warm-up requests), one run per point",
     }
-    table = Table.model_validate_json(table_path.read_text()) if table_path.exists() else Table(settings=settings)
+    table = read_table(table_path, settings)
     if table.points and table.settings != settings:
         raise SystemExit(f"{table_path} was measured with other settings; use another --table")
     table.settings = settings

@@ -235,13 +235,12 @@ class TuningStudy:
         if not planned.follow and planned.direction in study.user_attrs.get("paid_off", []):
             self.say(f"skipping move {planned.name}: {planned.direction} already paid off and was followed")
             return None
-        trials = study.get_trials(deepcopy=False)
-        scored = [t for t in trials if t.state == TrialState.COMPLETE and feasible(t)]
-        best = max(scored, key=lambda t: float(t.user_attrs.get("capacity_rps") or 0.0), default=None)
-        move = planned if best is None else rebase(planned, self.inputs.space, best.user_attrs.get("engine_params") or {})
+        best = self.gate.best_trials(study, 1, include_baseline=True)
+        move = planned if not best else rebase(planned, self.inputs.space, best[0].user_attrs.get("engine_params") or {})
         if move is None:
             return None
-        tried = [t.user_attrs.get("engine_params") or {} for t in trials]  # none waits: not busy
+        # None waits (the caller queues only when nothing is busy): every trial has its params.
+        tried = [t.user_attrs.get("engine_params") or {} for t in study.get_trials(deepcopy=False)]
         if any(all(params.get(k) == v for k, v in move.values.items()) for params in tried):
             self.say(f"skipping move {move.name}: that config was measured already")
             return None

@@ -19,13 +19,7 @@ parts=("$parts_dir"/kit.tar.part.*)
 [ ${#parts[@]} -gt 0 ] || { echo "kit-parts.sh: no kit.tar.part.* in $parts_dir" >&2; exit 2; }
 # What travels: tracked files present in the working tree (a sparse checkout leaves the bulky
 # committed results behind) and untracked files git does not ignore.
-tracked_kib=$(python3 - <<'PY'
-import os, subprocess
-names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                       capture_output=True, check=True).stdout.split(b"\0")
-print(sum(os.path.getsize(n) for n in names if n and os.path.isfile(n)) // 1024)
-PY
-)
+tracked_kib=$(bash "$(dirname "$0")/travel-light.sh" kib)
 part_mib=$(( (64 * 1024 - tracked_kib) / 1024 - 4 ))
 [ "$part_mib" -ge 8 ] || { echo "kit-parts.sh: the checkout ($tracked_kib KiB) leaves no room for a part" >&2; exit 2; }
 rm -rf "$stage" && mkdir -p "$stage/split"
