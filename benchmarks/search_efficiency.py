@@ -282,6 +282,50 @@ def store_point(table_path: Path, settings: dict[str, Any], point: Point) -> Tab
     return table
 
 
+# Words about the measurement, not conditions of it: a table measured before they changed still
+# takes points. "extended" is the table's record of its earlier, smaller grids.
+DESCRIPTIVE_SETTINGS = ("measured_as", "hint", "extended")
+
+
+def settings_conflicts(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """The settings on which a table measured with `stored` cannot take points measured with
+    `wanted`: every condition of the measurement must match, except that the grid may grow (every
+    value it had is kept) and ladder fields added since the table was measured compare at their
+    defaults."""
+    from autotune.measure.ladder import LadderSettings
+
+    conflicts = []
+    for key in sorted({*stored, *wanted} - set(DESCRIPTIVE_SETTINGS)):
+        old, new = stored.get(key), wanted.get(key)
+        if key == "grid" and old is not None and new is not None:
+            if not all(set(values) <= set(new.get(axis, ())) for axis, values in old.items()):
+                conflicts.append(key)
+        elif key == "ladder" and old is not None and new is not None:
+            if LadderSettings.model_validate(old) != LadderSettings.model_validate(new):
+                conflicts.append(key)
+        elif old != new:
+            conflicts.append(key)
+    return conflicts
+
+
+def extend_grid(table_path: Path, settings: dict[str, Any]) -> Table:
+    """Grow a measured table's grid to `settings`' axes (a superset: settings_conflicts): the
+    points measured are kept, the new settings are stored with a record of the smaller grid (its
+    axes, its points and when the last was measured), so the report can say the table was measured
+    in parts. Under the table's lock: the first of several shards extends it, the others find it
+    extended."""
+    with table_lock(table_path.parent):
+        table = read_table(table_path, settings)
+        if table.settings["grid"] != settings["grid"]:
+            record = {"grid": table.settings["grid"], "points": len(table.points),
+                      "last_measured_at": max((p.measured_at for p in table.points), default=None)}
+            say(f"{table_path}: extending the grid from {table.settings['grid']} to {settings['grid']}; "
+                f"its {len(table.points)} measured points are kept")
+            table.settings = {**settings, "extended": [*table.settings.get("extended", []), record]}
+            write_json_atomic(table_path, table.model_dump(mode="json"))
+    return table
+
+
 def keep_small(trial_dir: Path) -> None:
     """The table keeps what the replay and a reader need: outcome.json (the ladder's steps are
     in it), config.yaml, summary.json, server_metrics.json, server.log."""
@@ -342,11 +386,13 @@ def measure_capacity(args: argparse.Namespace) -> int:
     }
     check_powers_of_two(settings)
     table = read_table(table_path, settings)
-    if table.points and table.settings != settings:
-        changed = sorted(k for k in {*settings, *table.settings} if settings.get(k) != table.settings.get(k))
-        raise SystemExit(f"{table_path} was measured with other settings ({', '.join(changed)}); "
-                         f"use another --table")
-    table.settings = settings
+    if table.points:
+        conflicts = settings_conflicts(table.settings, settings)
+        if conflicts:
+            raise SystemExit(f"{table_path} was measured with other settings ({', '.join(conflicts)}); "
+                             f"use another --table")
+        if table.settings["grid"] != settings["grid"]:
+            table = extend_grid(table_path, settings)
     default_key = (int(defaults["max_num_seqs"]), int(defaults["max_num_batched_tokens"]))
     order = measurement_order(args.seqs, args.batched, default_key, args.order_seed)
     shard_index, shards = args.shard
@@ -797,6 +843,12 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
     }
 
 
+def axes(grid: dict[str, list[int]]) -> str:
+    """A grid's axes as the report names them: max_num_seqs 512-1024 x batched 1024-8192."""
+    names = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "batched"}
+    return " x ".join(f"{names.get(k, k)} {min(v)}-{max(v)}" for k, v in grid.items())
+
+
 def least_share_baseline_first(table: Table, grid_best: float, grid_cost: float) -> float | None:
     """The least share of the grid's cost in which any search that measures the baseline first
     can reach DONE_TARGET x the grid's best: the baseline, then straight to the cheapest point
@@ -968,6 +1020,13 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
         ties = [p["label"] for p in grid["table"] if p["feasible"] and p["score"] >= g["best_score"]]
         lines += ["", f"Grid: {g['points']} points, {g['feasible_points']} feasible, best {g['best_score']:.3g} "
                       f"req/s ({', '.join(ties)}), cost {g['cost_s']:.0f} s ({g['cost_s'] / 60:.1f} min)."]
+        for earlier in grid["settings"].get("extended", []):
+            later = sorted(p["measured_at"] for p in grid["table"] if p["measured_at"] > earlier["last_measured_at"])
+            lines += ["", f"Measured in parts: {earlier['points']} points on the grid {axes(earlier['grid'])} "
+                          f"until {earlier['last_measured_at']}; the grid was then extended and "
+                          f"{len(later)} points measured from {later[0] if later else '-'} on a fresh host "
+                          "(the same kit, model shape, trace window, SLOs and ladder; the baseline was not "
+                          "measured again, the new points' ladders start at its capacity)."]
         load, lag = grid["conditions"]["load_1min_before"], grid["conditions"]["send_lag_p99_ms"]
         others = grid["conditions"]["other_engine_share"]
         lines += ["", f"While it was measured: load average (1 min) before a point {span(load, '{:.1f}')} "

@@ -276,3 +276,42 @@ def test_the_least_any_baseline_first_search_can_spend_is_the_baseline_plus_the_
     assert bench.least_share_baseline_first(table, 10.0, 9 * POINT_S) == pytest.approx(2 / 9)
     # When the defaults already reach 0.95x of the best, the baseline's launch alone.
     assert bench.least_share_baseline_first(table, 6.0, 9 * POINT_S) == pytest.approx(1 / 9)
+
+
+def test_a_measured_table_takes_a_larger_grid_but_no_other_change(bench, table) -> None:
+    stored = table.settings
+    larger = {**stored, "grid": {"max_num_seqs": [2, 4, 8, 16], "max_num_batched_tokens": [512, 1024, 2048, 4096]},
+              "measured_as": "worded since", "hint": "worded since"}
+    assert bench.settings_conflicts(stored, larger) == []
+    # A table measured before the ladder had a field compares it at its default.
+    older = {**stored, "ladder": {k: v for k, v in stored["ladder"].items() if k != "single_step"}}
+    assert bench.settings_conflicts(older, stored) == []
+    smaller = {**stored, "grid": {"max_num_seqs": [4, 8], "max_num_batched_tokens": [512, 1024, 2048]}}
+    assert bench.settings_conflicts(stored, smaller) == ["grid"]
+    assert bench.settings_conflicts(stored, {**stored, "slos": ["ttft_p95_ms=500"]}) == ["slos"]
+    steeper = {**stored, "ladder": {**stored["ladder"], "growth": 3.0}}
+    assert bench.settings_conflicts(stored, steeper) == ["ladder"]
+
+
+def test_extending_a_grid_keeps_its_points_and_the_report_says_it_was_measured_in_parts(bench, table, tmp_path) -> None:
+    folder = tmp_path / "grid"
+    larger = {**table.settings, "grid": {"max_num_seqs": [4, 8, 16, 32], "max_num_batched_tokens": [512, 1024, 2048]}}
+    bench.extend_grid(folder / "table.json", larger)
+    bench.extend_grid(folder / "table.json", larger)  # a second shard finds it extended: one record
+    extended = bench.load_table(folder)
+    assert {p.label for p in extended.points} == {p.label for p in table.points}
+    assert extended.missing() == [(32, 512), (32, 1024), (32, 2048)]
+    assert extended.settings["extended"] == [{"grid": table.settings["grid"], "points": 9,
+                                              "last_measured_at": "2026-11-23T00:00:00"}]
+    for seqs, batched in extended.missing():
+        trial_dir = folder / "trials" / f"s{seqs}-b{batched}"
+        trial_dir.mkdir(parents=True)
+        (trial_dir / "outcome.json").write_text(TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=ladder(3.0)).model_dump_json())
+        new = point(bench, f"s{seqs}-b{batched}", seqs, batched, 3.0, trial_dir).model_copy(
+            update={"measured_at": "2026-11-26T10:00:00"})
+        bench.store_point(folder / "table.json", extended.settings, new)
+    result = bench.replay_table(bench.load_table(folder), folder, seeds=[0], default_trials=6)
+    assert result["grid"]["points"] == 12 and result["grid"]["cost_s"] == 12 * POINT_S
+    markdown = bench.tables({"grid": result}, 1)
+    assert ("Measured in parts: 9 points on the grid max_num_seqs 4-16 x batched 512-2048 until "
+            "2026-11-23T00:00:00; the grid was then extended and 3 points measured from 2026-11-26T10:00:00") in markdown
