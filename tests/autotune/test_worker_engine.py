@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.measure.server_registry import reap_stale_servers
 from autotune.search.trial_records import lost_worker
-from server.config import ServerConfig, default_engine_settings
+from server.config import ServerConfig, cpu_memory_share, cpu_node_memory, default_engine_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
@@ -152,7 +152,7 @@ def test_two_workers_one_killed_mid_trial_study_completes_without_duplicates(
         assert final.returncode == 0, final.stderr[-3000:] + final.stdout[-2000:]
         best = ServerConfig.load(tmp_path / "final" / "best.yaml")
         assert best.provenance["decision"]["kept_baseline"] is True  # nothing meets a 1 ms TTFT
-        assert best.engine["gpu_memory_utilization"] == 0.1
+        assert best.engine["gpu_memory_utilization"] == cpu_memory_share(cpu_node_memory())  # the default
         assert sorted(w.rsplit("/", 1)[1] for w in best.provenance["study"]["workers"]) == ["A", "B"]
         report = (tmp_path / "final" / "report.md").read_text()
         assert "| trial | host |" in report and "/A |" in report and "/B |" in report
