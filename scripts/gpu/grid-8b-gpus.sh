@@ -10,7 +10,7 @@
 # RUN_DIR/grid (its traffic.jsonl to RUN_DIR) and give larger axes: the table's grid is extended.
 # Run it from a copy of the checkout outside the one the device tool re-sends, in the background,
 # and poll in the same device call (scripts/gpu/poll.sh RUN_DIR SECONDS).
-# Usage: grid-8b-gpus.sh KIT_DIR RUN_DIR   (env SEQS, BATCHED, STEP_REQUESTS)
+# Usage: grid-8b-gpus.sh KIT_DIR RUN_DIR   (env SEQS, BATCHED, STEP_REQUESTS, WARM_CACHES)
 set -euo pipefail
 kit=${1:?kit dir}; run=${2:?run dir}
 source scripts/gpu/env.sh
@@ -46,8 +46,15 @@ else
   # baseline again into a scratch table of its own. That compiles its cache, as the baseline did
   # for the points measured first, so no new point's cost carries a first compile; and it says
   # whether this host carries the defaults as the table's baseline did.
-  echo "the baseline is measured: each shard warms its compile cache on it (tables $run/warm-K)" | tee -a "$run/grid.log"
-  warm=(1)
+  # WARM_CACHES=0 skips that (each shard's first point then pays its compiles, as most new
+  # configs do anyway: a cache holds what one sequence count and batched-token budget compiled).
+  if [ "${WARM_CACHES:-1}" = 1 ]; then
+    echo "the baseline is measured: each shard warms its compile cache on it (tables $run/warm-K)" | tee -a "$run/grid.log"
+    warm=(1)
+  else
+    echo "the baseline is measured; WARM_CACHES=0: no warm-up" | tee -a "$run/grid.log"
+    warm=()
+  fi
 fi
 pids=()
 for k in $(seq 0 $(( gpus - 1 ))); do
