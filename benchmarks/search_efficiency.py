@@ -16,6 +16,9 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
      of the measurement order after the baseline, which must be measured first (the other points'
      ladders start at its capacity). Each shard adds its points to table.json under a file lock,
      re-reading it first, so no shard's point is lost; each has its own server registry.
+   - A measured table takes a larger grid (`--seqs`/`--batched` keeping every value it had,
+     every other setting the same): its points are kept, the missing ones measured, and the
+     report says the table was measured in parts (settings.extended).
    - `--objective goodput`: the older table (results/benchmarks/search_grid): one timed replay
      of a 15 s window per point, goodput under the default CPU SLOs.
 2. `replay`: the strategies are run over each measured table for 20 seeds; a trial is answered
@@ -845,8 +848,8 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
 
 def axes(grid: dict[str, list[int]]) -> str:
     """A grid's axes as the report names them: max_num_seqs 512-1024 x batched 1024-8192."""
-    names = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "batched"}
-    return " x ".join(f"{names.get(k, k)} {min(v)}-{max(v)}" for k, v in grid.items())
+    return " x ".join(f"{'batched' if k == 'max_num_batched_tokens' else k} {min(v)}-{max(v)}"
+                      for k, v in grid.items())
 
 
 def least_share_baseline_first(table: Table, grid_best: float, grid_cost: float) -> float | None:
@@ -1024,9 +1027,9 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
             later = sorted(p["measured_at"] for p in grid["table"] if p["measured_at"] > earlier["last_measured_at"])
             lines += ["", f"Measured in parts: {earlier['points']} points on the grid {axes(earlier['grid'])} "
                           f"until {earlier['last_measured_at']}; the grid was then extended and "
-                          f"{len(later)} points measured from {later[0] if later else '-'} on a fresh host "
-                          "(the same kit, model shape, trace window, SLOs and ladder; the baseline was not "
-                          "measured again, the new points' ladders start at its capacity)."]
+                          f"{len(later)} points measured from {later[0] if later else '-'} (the table takes points "
+                          "only with the same model, trace window, SLOs and ladder; the baseline was not "
+                          "measured again: the new points' ladders start at its capacity)."]
         load, lag = grid["conditions"]["load_1min_before"], grid["conditions"]["send_lag_p99_ms"]
         others = grid["conditions"]["other_engine_share"]
         lines += ["", f"While it was measured: load average (1 min) before a point {span(load, '{:.1f}')} "
