@@ -394,8 +394,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
         if conflicts:
             raise SystemExit(f"{table_path} was measured with other settings ({', '.join(conflicts)}); "
                              f"use another --table")
-        if table.settings["grid"] != settings["grid"]:
-            table = extend_grid(table_path, settings)
+        table = extend_grid(table_path, settings)  # nothing to do when the grid is the same
     default_key = (int(defaults["max_num_seqs"]), int(defaults["max_num_batched_tokens"]))
     order = measurement_order(args.seqs, args.batched, default_key, args.order_seed)
     shard_index, shards = args.shard

@@ -32,8 +32,11 @@ on_gpu() {  # on_gpu K COMMAND...: GPU K alone, the K-th CPU slice, compile cach
   CUDA_VISIBLE_DEVICES=$k VLLM_CACHE_ROOT=/root/vllm-cache-$k \
     taskset -c "$(( k * per ))-$(( (k + 1) * per - 1 ))" "$@"
 }
-baseline_measured=$(python3 -c 'import json, sys; print(int(any(p["baseline"] for p in json.load(open(sys.argv[1]))["points"])))' \
-  "$run/grid/table.json" 2>/dev/null || echo 0)
+baseline_measured=0
+if [ -f "$run/grid/table.json" ]; then
+  baseline_measured=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import search_efficiency as b
+from pathlib import Path; print(int(b.load_table(Path(sys.argv[1])).baseline_point() is not None))' "$run/grid")
+fi
 if [ "$baseline_measured" = 0 ]; then
   # The baseline, alone, on GPU 0; its compile cache is every shard's.
   on_gpu 0 "${measure[@]}" --table "$run/grid" --max-points 1 >> "$run/grid.log" 2>&1
