@@ -13,7 +13,9 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
   pgrep -f "^(bash scripts/gpu/(grid-8b-gpus|frontends|scenario1-h200)\.sh|python3 (-m autotune run|benchmarks/(search_efficiency\.py measure|throughput_ceiling\.py|frontend_capacity\.py)))" >/dev/null || break
   sleep 10
 done
-grep -E "step|round|capacity|trial|first move|paid off|gate|Headroom|KEPT|winner|wrote|Error|error" "$run"/*.log | tail -25
+# The run folder's logs, and those of runs kept in its subfolders (one folder per repeat).
+grep -E "step|round|capacity|trial|first move|paid off|gate|Headroom|KEPT|winner|wrote|Error|error" \
+  "$run"/*.log "$run"/*/*.log 2>/dev/null | tail -25
 if [ -n "${OUT:-}" ]; then
   tar -C "$(dirname "$run")" -czf "$OUT/run.tar.gz" --exclude='*.db-journal' "$(basename "$run")" \
     && ls -la "$OUT"
