@@ -96,22 +96,19 @@ def resolve_engine_config(config: ServerConfig) -> VllmConfig:
     """Builds vLLM's full engine config (all defaults resolved) without starting anything.
 
     Raises whatever vLLM raises for values it rejects (ValueError, pydantic errors ...).
-    On vLLM's CPU platform, leaves the process environment as it found it: building the config,
-    that platform writes VLLM_WORKER_MULTIPROC_METHOD=spawn into it, which a process that only
-    checks a config (the tuner) would pass on to every server it starts. The process that starts
-    the engine chooses the method (choose_engine_core_start). Other platforms' writes stand.
+    Leaves the process environment as it found it: building the config, vLLM's CPU platform
+    writes VLLM_WORKER_MULTIPROC_METHOD=spawn into it, which a process that only checks a config
+    (the tuner) would pass on to every server it starts. The process that starts the engine
+    chooses the method (choose_engine_core_start).
     """
-    from vllm.platforms import current_platform
-
     caller_start_method = os.environ.get(START_METHOD_ENV)
     try:
         return config.engine_args().create_engine_config(usage_context=usage_context())
     finally:
-        if current_platform.is_cpu():
-            if caller_start_method is None:
-                os.environ.pop(START_METHOD_ENV, None)
-            else:
-                os.environ[START_METHOD_ENV] = caller_start_method
+        if caller_start_method is None:
+            os.environ.pop(START_METHOD_ENV, None)
+        else:
+            os.environ[START_METHOD_ENV] = caller_start_method
 
 
 def choose_engine_core_start(config: ServerConfig, vllm_config: VllmConfig) -> str:
