@@ -1,6 +1,6 @@
 """vLLM's CPU model worker in a process of its own (vLLM's choice) or inside the engine core
 (our server's, server.engine.keep_cpu_worker_in_engine_core), and the engine core forked (our
-server's, server.engine.choose_engine_core_start) or spawned (vLLM's CPU choice), side by side.
+server's, server.engine.fork_cpu_engine_core) or spawned (vLLM's CPU choice), side by side.
 
     .venv/bin/python benchmarks/worker_layout.py LAYOUT MAX_NUM_SEQS CONCURRENCY REQUESTS OUTPUT_LEN
     LAYOUT: uni (worker inside the engine core, which is forked) | uni-spawn (the same, the

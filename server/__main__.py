@@ -102,11 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socket) -> int:
     """Checks the engine settings with vLLM, then serves on `listener` until stopped."""
-    from server.engine import (
-        choose_engine_core_start,
-        keep_cpu_worker_in_engine_core,
-        resolve_engine_config,
-    )
+    from server.engine import keep_cpu_worker_in_engine_core, resolve_engine_config
 
     keep_cpu_worker_in_engine_core()  # before the config: vLLM's platform picks the executor then
     # vLLM checks the values (dtype, lengths, memory fraction ...) when it builds its config;
@@ -120,8 +116,6 @@ def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socke
             f"{PROG}: error: {where}: vLLM rejected the engine settings: {first}", file=sys.stderr
         )
         return 2
-
-    choose_engine_core_start(config, vllm_config)  # where vLLM reads it when the engine starts
 
     from server.app import create_app
     from server.frontends import serve_app, serve_shared_engine

@@ -57,7 +57,7 @@ class EngineSettings(BaseModel):
     """vLLM's executor: "uni" runs the model worker inside the engine core's process, "mp" in
     processes of its own (see keep_cpu_worker_in_engine_core)."""
     engine_core_start: str | None = None
-    """How the engine core's process was started: "fork" or "spawn" (choose_engine_core_start);
+    """How the engine core's process was started: "fork" or "spawn" (see fork_cpu_engine_core);
     known once the engine has started."""
 
 
@@ -96,46 +96,39 @@ def resolve_engine_config(config: ServerConfig) -> VllmConfig:
     """Builds vLLM's full engine config (all defaults resolved) without starting anything.
 
     Raises whatever vLLM raises for values it rejects (ValueError, pydantic errors ...).
-    Leaves the process environment as it found it: building the config, vLLM's CPU platform
-    writes VLLM_WORKER_MULTIPROC_METHOD=spawn into it, which a process that only checks a config
-    (the tuner) would pass on to every server it starts. The process that starts the engine
-    chooses the method (choose_engine_core_start).
     """
     caller_start_method = os.environ.get(START_METHOD_ENV)
-    try:
-        return config.engine_args().create_engine_config(usage_context=usage_context())
-    finally:
-        if caller_start_method is None:
-            os.environ.pop(START_METHOD_ENV, None)
-        else:
-            os.environ[START_METHOD_ENV] = caller_start_method
+    vllm_config = config.engine_args().create_engine_config(usage_context=usage_context())
+    fork_cpu_engine_core(config, vllm_config, caller_start_method)
+    return vllm_config
 
 
-def choose_engine_core_start(config: ServerConfig, vllm_config: VllmConfig) -> str:
-    """How AsyncLLM will start the engine core's process ("fork" or "spawn"), set in the
-    environment vLLM reads; call it in the process that starts the engine, before it starts.
+def fork_cpu_engine_core(config: ServerConfig, vllm_config: VllmConfig,
+                         caller_start_method: str | None) -> bool:
+    """On vLLM's CPU platform, lets AsyncLLM fork its engine core process instead of spawning it.
 
-    On vLLM's CPU platform the engine core is forked, not spawned as the platform asks: a spawned
-    engine core imports vLLM and torch again, a forked one starts with what this process
-    imported. The embedded default was ready in 22-24 s instead of 37-39 s, 32 sequences decoding
-    625-660 against 653-689 tokens/s (results/benchmarks/engine_core_fork.log, 2026-11-26, 2-core
-    VM). Only where the method starts nothing but the engine core: the model worker inside it and
-    one front end (vLLM's multi-API-server path starts processes of its own); elsewhere spawn,
-    as vLLM's CPU platform asks. A method the caller set wins. Off the CPU, vLLM decides (fork,
-    unless CUDA is initialized).
+    Building the config, vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn for the
+    whole process. A spawned engine core imports vLLM and torch again; a forked one starts with
+    what this process imported: the embedded default was ready in 22-24 s instead of 37-39 s,
+    32 sequences decoding 625-660 against 653-689 tokens/s (results/benchmarks/
+    engine_core_fork.log, 2026-11-26, 2-core VM). Undone only where the
+    method starts nothing but the engine core: the model worker inside it (no worker processes)
+    and one front end (vLLM's multi-API-server path starts its own processes); a method the
+    caller set wins. Also keeps the side effect out of a process that only checks a config (the
+    tuner), whose trial servers would inherit it. Returns whether the engine core is forked.
     """
     from vllm.platforms import current_platform
 
-    caller = os.environ.get(START_METHOD_ENV)
-    if caller is not None:
-        return caller
+    if caller_start_method is not None:
+        os.environ[START_METHOD_ENV] = caller_start_method  # the caller's word over the platform's
+        return current_platform.is_cpu() and caller_start_method == "fork"
     if not current_platform.is_cpu():
-        return "fork"
+        return False
     backend = executor_name(vllm_config.parallel_config.distributed_executor_backend)
-    if backend == "uni" and config.serving.api_processes == 1:
-        return "fork"  # vLLM's own default, the variable unset
-    os.environ[START_METHOD_ENV] = "spawn"
-    return "spawn"
+    if backend != "uni" or config.serving.api_processes != 1:
+        return False
+    os.environ.pop(START_METHOD_ENV, None)  # vLLM's own default then: fork
+    return True
 
 
 def effective_settings(vllm_config: VllmConfig) -> EngineSettings:
@@ -217,7 +210,6 @@ class Engine:
         if vllm_config is None:
             keep_cpu_worker_in_engine_core()
             vllm_config = resolve_engine_config(config)
-        choose_engine_core_start(config, vllm_config)
         llm = AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
             usage_context=usage_context(),

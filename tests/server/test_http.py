@@ -96,7 +96,7 @@ def test_on_cpu_the_model_worker_runs_inside_the_engine_core(server: RunningServ
 
 def test_on_cpu_the_engine_core_is_forked(server: RunningServer) -> None:
     # vLLM's CPU platform spawns it, importing vLLM and torch again (~15 s of a 37-39 s start
-    # on 2 cores); ours forks it from the server process (server.engine.choose_engine_core_start).
+    # on 2 cores); ours forks it from the server process (server.engine.fork_cpu_engine_core).
     ready = [line for line in server.log_path.read_text(errors="replace").splitlines() if "engine ready: " in line]
     assert json.loads(ready[0].split("engine ready: ", 1)[1])["engine_core_start"] == "fork"
 
