@@ -31,8 +31,6 @@ WAITING_METRICS = ("vllm:num_requests_waiting",)
 # vLLM's switch between a model worker in a process of its own (1) and one inside the engine
 # core's process (0); its CPU platform allows the second only when this reads 0.
 WORKER_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-# How vLLM starts its engine core (and worker) processes: "fork" (its default) or "spawn".
-START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +54,6 @@ class EngineSettings(BaseModel):
     executor_backend: str | None = None
     """vLLM's executor: "uni" runs the model worker inside the engine core's process, "mp" in
     processes of its own (see keep_cpu_worker_in_engine_core)."""
-    engine_core_start: str | None = None
-    """How the engine core's process was started: "fork" or "spawn" (see fork_cpu_engine_core);
-    known once the engine has started."""
 
 
 def usage_context() -> Any:
@@ -97,38 +92,7 @@ def resolve_engine_config(config: ServerConfig) -> VllmConfig:
 
     Raises whatever vLLM raises for values it rejects (ValueError, pydantic errors ...).
     """
-    caller_start_method = os.environ.get(START_METHOD_ENV)
-    vllm_config = config.engine_args().create_engine_config(usage_context=usage_context())
-    fork_cpu_engine_core(config, vllm_config, caller_start_method)
-    return vllm_config
-
-
-def fork_cpu_engine_core(config: ServerConfig, vllm_config: VllmConfig,
-                         caller_start_method: str | None) -> bool:
-    """On vLLM's CPU platform, lets AsyncLLM fork its engine core process instead of spawning it.
-
-    Building the config, vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn for the
-    whole process. A spawned engine core imports vLLM and torch again; a forked one starts with
-    what this process imported: the embedded default was ready in 22-24 s instead of 37-39 s,
-    32 sequences decoding 625-660 against 653-689 tokens/s (results/benchmarks/
-    engine_core_fork.log, 2026-11-26, 2-core VM). Undone only where the
-    method starts nothing but the engine core: the model worker inside it (no worker processes)
-    and one front end (vLLM's multi-API-server path starts its own processes); a method the
-    caller set wins. Also keeps the side effect out of a process that only checks a config (the
-    tuner), whose trial servers would inherit it. Returns whether the engine core is forked.
-    """
-    from vllm.platforms import current_platform
-
-    if caller_start_method is not None:
-        os.environ[START_METHOD_ENV] = caller_start_method  # the caller's word over the platform's
-        return current_platform.is_cpu() and caller_start_method == "fork"
-    if not current_platform.is_cpu():
-        return False
-    backend = executor_name(vllm_config.parallel_config.distributed_executor_backend)
-    if backend != "uni" or config.serving.api_processes != 1:
-        return False
-    os.environ.pop(START_METHOD_ENV, None)  # vLLM's own default then: fork
-    return True
+    return config.engine_args().create_engine_config(usage_context=usage_context())
 
 
 def effective_settings(vllm_config: VllmConfig) -> EngineSettings:
@@ -216,10 +180,7 @@ class Engine:
             # Stats on: vLLM's Prometheus metrics (TTFT, KV-cache usage ...) come from them.
             disable_log_stats=False,
         )
-        engine = cls.attach(llm, vllm_config)
-        # vLLM's own default is fork; where it had to spawn, it wrote that into the variable.
-        engine.settings.engine_core_start = os.environ.get(START_METHOD_ENV, "fork")
-        return engine
+        return cls.attach(llm, vllm_config)
 
     @classmethod
     def attach(cls, llm: Any, vllm_config: VllmConfig | None = None) -> Engine:

@@ -94,13 +94,6 @@ def test_on_cpu_the_model_worker_runs_inside_the_engine_core(server: RunningServ
     assert "engine worker" not in roles, roles
 
 
-def test_on_cpu_the_engine_core_is_forked(server: RunningServer) -> None:
-    # vLLM's CPU platform spawns it, importing vLLM and torch again (~15 s of a 37-39 s start
-    # on 2 cores); ours forks it from the server process (server.engine.fork_cpu_engine_core).
-    ready = [line for line in server.log_path.read_text(errors="replace").splitlines() if "engine ready: " in line]
-    assert json.loads(ready[0].split("engine ready: ", 1)[1])["engine_core_start"] == "fork"
-
-
 def test_translate_round_trip(server: RunningServer) -> None:
     text = "The morning train to the coast was full of students."
     response = httpx.post(
