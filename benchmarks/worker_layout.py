@@ -1,14 +1,17 @@
 """vLLM's CPU model worker in a process of its own (vLLM's choice) or inside the engine core
-(our server's, server.engine.keep_cpu_worker_in_engine_core), side by side.
+(our server's, server.engine.keep_cpu_worker_in_engine_core), and the engine core forked (our
+server's, server.engine.choose_engine_core_start) or spawned (vLLM's CPU choice), side by side.
 
     .venv/bin/python benchmarks/worker_layout.py LAYOUT MAX_NUM_SEQS CONCURRENCY REQUESTS OUTPUT_LEN
-    LAYOUT: uni (worker inside the engine core) | mp (worker in its own process)
+    LAYOUT: uni (worker inside the engine core, which is forked) | uni-spawn (the same, the
+            engine core spawned) | mp (worker in its own process, everything spawned)
 
 Starts `python -m server --benchmark-mode` with the embedded default and `max_num_seqs`, times
 spawn -> GET /health 200, then sends REQUESTS 300-token prompts of OUTPUT_LEN tokens each
 (ignore_eos) at CONCURRENCY and prints one line: start seconds and output tokens per second.
-Run the layouts alternately on one idle machine; the log of the 2026-11-26 run is
-results/benchmarks/worker_layout.log.
+Run the layouts alternately on one idle machine; the logs of the 2026-11-26 runs are
+results/benchmarks/worker_layout.log (uni vs mp, before the engine core was forked) and
+results/benchmarks/engine_core_fork.log (uni vs uni-spawn).
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ PORT = 8766
 
 def main() -> int:
     layout, seqs, concurrency, requests, output_len = sys.argv[1], *map(int, sys.argv[2:6])
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0" if layout == "uni" else "1")
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if layout == "mp" else "0")
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+    if layout == "uni-spawn":
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "config.yaml"
         ServerConfig(engine={**default_engine_settings(), "max_num_seqs": seqs}).write(config)

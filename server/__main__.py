@@ -11,6 +11,7 @@ itself, engine included, once the tuner's process is gone (server.lifeline).
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 
@@ -81,6 +82,26 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def release_in_forked_children(fd: int) -> None:
+    """Every child this process forks gives up `fd` (the listening socket) at once.
+
+    A forked engine core (server.engine.choose_engine_core_start; vLLM's default on GPUs too)
+    would inherit it: outliving a SIGKILLed server, it kept the port open, and clients connected
+    to a socket nobody accepted on and waited for ever (a tuner's replay hung 600 s). Closing the
+    socket object is not enough: uvloop serves from the descriptor itself. The number is pointed
+    at /dev/null rather than closed, so a stale close in the child cannot hit a reused number.
+    """
+
+    def give_up() -> None:
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+
+    os.register_at_fork(after_in_child=give_up)
+
+
 def main(argv: list[str] | None = None) -> int:
     # First: a tuner killed while this server imports vLLM must not leave it behind.
     watch_parent_from_env()
@@ -102,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socket) -> int:
     """Checks the engine settings with vLLM, then serves on `listener` until stopped."""
-    from server.engine import keep_cpu_worker_in_engine_core, resolve_engine_config
+    from server.engine import (
+        choose_engine_core_start,
+        keep_cpu_worker_in_engine_core,
+        resolve_engine_config,
+    )
 
     keep_cpu_worker_in_engine_core()  # before the config: vLLM's platform picks the executor then
     # vLLM checks the values (dtype, lengths, memory fraction ...) when it builds its config;
@@ -117,6 +142,8 @@ def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socke
         )
         return 2
 
+    choose_engine_core_start(config, vllm_config)  # where vLLM reads it when the engine starts
+
     from server.app import create_app
     from server.frontends import serve_app, serve_shared_engine
 
@@ -130,6 +157,7 @@ def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socke
               "they answer once the engine is ready", file=sys.stderr, flush=True)
         failure = serve_shared_engine(config)
     else:
+        release_in_forked_children(listener.fileno())
         print(f"{PROG}: listening on {host}:{port}; /health answers 503 until the engine is "
               "ready", file=sys.stderr, flush=True)
         failure = serve_app(

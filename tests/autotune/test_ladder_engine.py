@@ -4,6 +4,7 @@ window, same SLOs, one run)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,8 @@ def test_autotune_run_reports_the_baselines_capacity_and_headroom(tmp_path: Path
     best = yaml.safe_load((out / "best.yaml").read_text())
     capacity = best["additional-config"]["vllm_autotune"]["provenance"]["capacity"]
     assert capacity["baseline_rps"] > 0 and capacity["recorded_rps"] > 0
+    # The tuner checked the baseline's config with vLLM itself, and its trial server still forked
+    # its engine core: the check left no start method behind for the server to inherit.
+    log = (out / "trials" / "trial-0000" / "server.log").read_text(errors="replace").splitlines()
+    [ready] = [line for line in log if "engine ready: " in line]
+    assert json.loads(ready.split("engine ready: ", 1)[1])["engine_core_start"] == "fork"

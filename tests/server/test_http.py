@@ -94,6 +94,27 @@ def test_on_cpu_the_model_worker_runs_inside_the_engine_core(server: RunningServ
     assert "engine worker" not in roles, roles
 
 
+def test_on_cpu_the_engine_core_is_forked(server: RunningServer) -> None:
+    # vLLM's CPU platform spawns it, importing vLLM and torch again (~15 s of a 37-39 s start
+    # on 2 cores); ours forks it from the server process (server.engine.choose_engine_core_start).
+    ready = [line for line in server.log_path.read_text(errors="replace").splitlines() if "engine ready: " in line]
+    assert json.loads(ready[0].split("engine ready: ", 1)[1])["engine_core_start"] == "fork"
+
+
+def test_the_forked_engine_core_does_not_hold_the_listening_socket(server: RunningServer) -> None:
+    # Held, it kept the port open after the server was SIGKILLed: clients connected and waited
+    # for answers nobody would send (a tuner's replay hung for 600 s).
+    port = int(server.url.rsplit(":", 1)[1])
+    main = psutil.Process(server.process.pid)
+    [core] = [p for p in main.children(recursive=True) if role_of(p, main.pid) == "engine core"]
+
+    def listening(process: psutil.Process) -> list[Any]:
+        return [c for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+    assert listening(main), "the server itself listens"
+    assert listening(core) == []
+
+
 def test_translate_round_trip(server: RunningServer) -> None:
     text = "The morning train to the coast was full of students."
     response = httpx.post(
