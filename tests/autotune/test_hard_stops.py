@@ -11,6 +11,7 @@ server and engine is in test_run_engine.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -113,7 +114,7 @@ def serving(registry_glob: Callable[[], list[Path]], trial: str) -> list[int] | 
     return None
 
 
-def stop_and_watch(process: subprocess.Popen[bytes], sig: signal.Signals, pids: list[int]) -> float:
+def stop_and_watch(process: subprocess.Popen[bytes], sig: signal.Signals, pids: list[int], log: Path) -> float:
     """Send `sig` to the tuner, whose trial's server was just seen serving (so the trial is
     under way); wait (up to the bound) until it and every pid are gone."""
     sent = time.monotonic()
@@ -124,7 +125,12 @@ def stop_and_watch(process: subprocess.Popen[bytes], sig: signal.Signals, pids: 
             return time.monotonic() - sent
         time.sleep(0.05)
     left = [pid for pid in pids if alive(pid)]
-    raise AssertionError(f"{GONE_WITHIN_S} s after {sig.name}: tuner exit {process.poll()}, still alive {left}")
+    code = process.poll()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # how late, for the report
+        process.wait(120)
+    raise AssertionError(f"{GONE_WITHIN_S} s after {sig.name}: tuner exit {code}, still alive {left}; after "
+                         f"{time.monotonic() - sent:.1f} s: tuner exit {process.poll()}; the tuner's log:\n"
+                         f"{log.read_text(errors='replace')[-3000:]}")
 
 
 @pytest.mark.slow
@@ -146,7 +152,7 @@ def test_a_stop_signal_to_run_mid_trial_stops_its_server_and_resume_continues(
     try:
         pids = wait_for(lambda: serving(lambda: [out / "servers.json"], "trial-0001"), 120,
                         "trial-0001's server", log)
-        took = stop_and_watch(process, sig, pids)
+        took = stop_and_watch(process, sig, pids, log)
     finally:
         code = finish(process)
     assert code == 128 + sig, log.read_text()[-3000:]
@@ -192,7 +198,7 @@ def test_sigterm_to_retune_mid_trial_stops_its_server_and_publishes_nothing(tmp_
     try:
         pids = wait_for(lambda: serving(lambda: list(deploy_dir.glob("retune-v1-*/servers.json")), "trial-0000"),
                         120, "the deployed config's trial server", log)
-        stop_and_watch(process, signal.SIGTERM, pids)
+        stop_and_watch(process, signal.SIGTERM, pids, log)
     finally:
         code = finish(process)
     assert code == 143, log.read_text()[-3000:]
@@ -219,7 +225,7 @@ def test_sigterm_to_finalize_mid_gate_stops_its_server_and_finalize_can_run_agai
     try:
         pids = wait_for(lambda: serving(lambda: [out / "servers.json"], "repeat-1"), 120,
                         "a validation run's server", log)
-        stop_and_watch(process, signal.SIGTERM, pids)
+        stop_and_watch(process, signal.SIGTERM, pids, log)
     finally:
         code = finish(process)
     assert code == 143, log.read_text()[-3000:]
