@@ -31,10 +31,11 @@ def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path:
     # ~0.4 on AVX2 ones (~13 ms): its queue grows, and the window drains long after its last
     # arrival. 32 decode them side by side and finish near the window's end, so their goodput
     # (requests meeting the SLO per second until the last answer) is the higher one whether or
-    # not one sequence meets the SLO. The SLO is generous on purpose: what it must not do is
-    # fail the winner. 32 sequences' TTFT p50 was 0.46-0.71 s on this AVX2 VM, 3.2 s with a CPU
-    # `autotune run` beside the test (a 2 s SLO then kept the baseline); one sequence's was
-    # 36-42 s, and 137 s beside that run. The windows are short (5 s, ~40 requests): one
+    # not one sequence meets the SLO (its goodput is at most its throughput: 0.14-0.45 req/s
+    # here against 32's 0.4-0.97 goodput). The SLO is generous on purpose: what it must not do
+    # is fail the winner. 32 sequences' TTFT p50 was 0.46-0.71 s on this AVX2 VM and 1.6-6.0 s
+    # with a CPU `autotune run` beside the test (a 2 s SLO then kept the baseline once); one
+    # sequence's was 36-42 s, and 90-137 s beside that run. The windows are short (5 s, ~40 requests): one
     # sequence's drain is most of this test's time (~100 s a window on AVX2). (With ~100-token
     # texts at 5 req/s one sequence kept up on AVX512, and the gate kept the baseline.)
     reference = translation(TranslationSpec(duration_s=60, mean_rps=1), seed=0)
@@ -49,7 +50,7 @@ def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path:
         provenance={
             "profile": profile_trace(reference).model_dump(mode="json"),
             # p50: the 5 s windows hold ~40 requests; a p95 needs 200 (autotune.preflight).
-            "slos": ["ttft_p50_ms=10000"],
+            "slos": ["ttft_p50_ms=30000"],
             "objective": "goodput",
         },
     )
