@@ -73,7 +73,7 @@ from benchlib import (
     spread,
     write_json_atomic,
 )
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 # The capacity grid: vLLM's default max_num_seqs (128) and max_num_batched_tokens (2048) on this
 # CPU are a grid point, so the baseline is one of the points and the first moves from it (halve
@@ -125,6 +125,9 @@ class Point(BaseModel):
     ladder_steps: int | None = None
     start_speedup: float | None = None  # where the ladder started (None: at 1x, unhinted)
     limiting_slo: str | None = None  # the SLO that broke first above the capacity
+    # A pooled point (a table with repeats.json): every launch of this config, the table's own
+    # first; `score` is then their median (a failed launch counts 0), `wall_s` their mean cost.
+    launches: list[Point] = []
 
     @property
     def key(self) -> tuple[int, int]:
@@ -188,6 +191,69 @@ def table_trace(table: Table, table_dir: Path) -> Path:
         return copy
     raise SystemExit(f"{table_dir / 'table.json'}: trace {table.settings['trace']} not found, "
                      f"nor a copy at {copy}")
+
+
+class RepeatsFile(BaseModel):
+    """TABLE/repeats.json: tables whose points are more launches of this table's configs (the same
+    model, trace, window, SLOs and ladder; e.g. a few points measured again on another day). The
+    replay then draws one of a config's launches each time a strategy launches it, and judges a
+    strategy by the median of its pick's launches: the noise a live tuner faces, and the truth it
+    is after."""
+
+    model_config = ConfigDict(extra="forbid")
+    tables: list[str]  # folders, relative to the table's
+    note: str = ""  # how the repeats were measured (e.g. that the trace copies are byte-identical)
+
+
+def load_repeats(table: Table, table_dir: Path) -> list[Table]:
+    """The tables TABLE/repeats.json names, each checked to measure this table's configs the same
+    way: only the grid may differ (a repeat measures some of the points) and the trace's folder
+    (a copy of the same trace per run on the GPU host)."""
+    path = table_dir / "repeats.json"
+    if not path.exists():
+        return []
+    try:
+        spec = RepeatsFile.model_validate_json(path.read_text())
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
+    repeats = []
+    points = table.by_key()
+    for folder in spec.tables:
+        if not (table_dir / folder / "table.json").exists():
+            raise SystemExit(f"{path}: tables: {folder}: no table.json there")
+        other = load_table(table_dir / folder)
+        conflicts = [key for key in settings_conflicts(table.settings, other.settings) if key not in ("grid", "trace")]
+        if Path(other.settings["trace"]).name != Path(table.settings["trace"]).name:
+            conflicts.append("trace")
+        if conflicts:
+            raise SystemExit(f"{path}: tables: {folder}: measured with another {conflicts[0]} "
+                             f"({other.settings.get(conflicts[0])!r} against {table.settings.get(conflicts[0])!r})")
+        stray = next((p for p in other.points if p.key not in points), None)
+        if stray is not None:
+            raise SystemExit(f"{path}: tables: {folder}: {stray.label} (max_num_seqs={stray.key[0]}, "
+                             f"max_num_batched_tokens={stray.key[1]}) is not a point of this table")
+        repeats.append(other)
+    return repeats
+
+
+def pooled(table: Table, repeats: Sequence[Table]) -> Table:
+    """The table with every point's launches pooled (Point.launches). Without repeats, the table as
+    it is: each point is its one launch."""
+    if not repeats:
+        return table
+    launches: dict[tuple[int, int], list[Point]] = {p.key: [p] for p in table.points}
+    for other in repeats:
+        for point in other.points:
+            launches[point.key].append(point)
+    points = []
+    for point in table.points:
+        runs = launches[point.key]
+        score = float(np.median([p.score if p.feasible else 0.0 for p in runs]))
+        points.append(point.model_copy(update={
+            "score": score, "feasible": score > 0, "wall_s": float(np.mean([p.wall_s for p in runs])),
+            "launches": [p.model_copy(update={"launches": []}) for p in runs]}))
+    return table.model_copy(update={"points": points})
 
 
 def check_powers_of_two(settings: dict[str, Any]) -> None:
@@ -581,13 +647,15 @@ class TableRunner:
     """Answers a trial with the measured outcome of its grid point (autotune.search.gate_runner.Runner).
 
     A capacity outcome's ladder is also written to the trial folder as `ladder.json`, where the
-    study reads the baseline's to choose its first moves (as TrialRunner writes it live)."""
+    study reads the baseline's to choose its first moves (as TrialRunner writes it live). A pooled
+    point answers with one of its launches, drawn anew at every launch (seeded)."""
 
-    def __init__(self, table: Table, clock: VirtualClock, defaults: dict[str, Any]):
+    def __init__(self, table: Table, clock: VirtualClock, defaults: dict[str, Any], *, seed: int = 0):
         self.points = table.by_key()
         self.clock = clock
         self.defaults = defaults
-        self.calls: list[Point] = []
+        self.rng = np.random.default_rng(seed)
+        self.calls: list[Point] = []  # the launches answered, in order
 
     def run(self, config, window, trial_dir, *, should_prune=None, start_speedup=None):
         from autotune.measure.trial import TrialOutcome
@@ -600,6 +668,7 @@ class TableRunner:
         if point is None:
             raise KeyError(f"the table has no point max_num_seqs={key[0]}, "
                            f"max_num_batched_tokens={key[1]}; measure it first")
+        point = draw(point, self.rng)
         self.calls.append(point)
         self.clock.now += point.wall_s
         outcome = TrialOutcome.model_validate_json(point.outcome_path().read_text())
@@ -648,6 +717,11 @@ class Replay:
         )
 
 
+def draw(point: Point, rng: np.random.Generator) -> Point:
+    """One launch of a config: a pooled point's launches at random, else the point itself."""
+    return point.launches[int(rng.integers(len(point.launches)))] if point.launches else point
+
+
 def replay_space(table: Table):
     from autotune.search.space import ParamSpec, SearchSpace
 
@@ -674,7 +748,7 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     clock = VirtualClock()
-    runner = TableRunner(replay.table, clock, replay.defaults)
+    runner = TableRunner(replay.table, clock, replay.defaults, seed=seed)
     with tempfile.TemporaryDirectory(prefix="search-replay-") as scratch:
         options = StudyOptions(
             study_name=f"replay-{seed}",
@@ -711,12 +785,14 @@ def run_random(table: Table, seed: int) -> list[Point]:
     """Plain random search: every grid point once, in a seeded random order."""
     grid = table.grid_points()
     rng = np.random.default_rng(seed)
-    return [grid[i] for i in rng.permutation(len(grid))]
+    return [draw(grid[i], rng) for i in rng.permutation(len(grid))]
 
 
-def run_grid_order(table: Table) -> list[Point]:
-    """auto_tune.sh: nested loops, max_num_seqs outer, max_num_batched_tokens inner."""
-    return table.grid_points()
+def run_grid_order(table: Table, seed: int = 0) -> list[Point]:
+    """auto_tune.sh: nested loops, max_num_seqs outer, max_num_batched_tokens inner (the seed
+    only draws a pooled point's launch)."""
+    rng = np.random.default_rng(seed)
+    return [draw(point, rng) for point in table.grid_points()]
 
 
 class Run(BaseModel):
@@ -727,16 +803,21 @@ class Run(BaseModel):
     best: list[float]
 
     @classmethod
-    def of(cls, points: Sequence[Point], *, count_baseline: bool = True) -> Run:
-        """`count_baseline=False`: the baseline's launches are charged but their result does
-        not count, so the figures say what the search found beyond vLLM's defaults."""
-        best, cost = 0.0, 0.0
+    def of(cls, points: Sequence[Point], *, count_baseline: bool = True,
+           truth: dict[tuple[int, int], float] | None = None) -> Run:
+        """`points`: the launches in order. The best after each is what the search would pick
+        (its best launch so far, the first on ties) judged by `truth` (a pooled table's median
+        per config; default: the launch's own score). `count_baseline=False`: the baseline's
+        launches are charged but their result does not count, so the figures say what the search
+        found beyond vLLM's defaults."""
+        pick: Point | None = None
+        cost = 0.0
         bests, costs = [], []
         for point in points:
             cost += point.wall_s
-            if point.feasible and (count_baseline or not point.baseline):
-                best = max(best, point.score)
-            bests.append(best)
+            if point.feasible and (count_baseline or not point.baseline) and (pick is None or point.score > pick.score):
+                pick = point
+            bests.append(0.0 if pick is None else (truth or {}).get(pick.key, pick.score))
             costs.append(cost)
         return cls(labels=[p.label for p in points], cost_s=costs, best=bests)
 
@@ -791,10 +872,13 @@ def done_when(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_trials: int) -> dict[str, Any]:
-    """Every strategy over one table for every seed."""
+    """Every strategy over one table for every seed; a table with repeats.json over its pooled
+    launches."""
     missing = table.missing()
     if missing:
         raise SystemExit(f"the table lacks {len(missing)} grid points (e.g. {missing[0]}); run `measure` first")
+    table = pooled(table, load_repeats(table, table_dir))
+    truth = {p.key: p.score for p in table.points}
     replay = Replay.of(table, table_dir)
     grid = table.grid_points()
     feasible = [p for p in grid if p.feasible]
@@ -813,7 +897,7 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
             [run_study(replay, seed, default_trials, first_moves=False) for seed in seeds],
         f"plain TPE, --trials {long}": [run_study(replay, seed, long, first_moves=False) for seed in seeds],
         "random (grid in random order)": [run_random(table, seed) for seed in seeds],
-        "grid order (auto_tune.sh; the same every seed)": [run_grid_order(table) for _ in seeds],
+        "grid order (auto_tune.sh; the same every seed)": [run_grid_order(table, seed) for seed in seeds],
     }
     # The study strategies again with the baseline's own result not counted (its cost still
     # is): when vLLM's defaults are already near the best, this is what the search added.
@@ -821,7 +905,7 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
         strategies[f"{name}{SEARCH_ONLY}"] = strategies[name]
     results: dict[str, Any] = {}
     for name, launched in strategies.items():
-        runs = [Run.of(points, count_baseline=not name.endswith(SEARCH_ONLY)) for points in launched]
+        runs = [Run.of(points, count_baseline=not name.endswith(SEARCH_ONLY), truth=truth) for points in launched]
         # Each seed's launches in order: the table's costs and scores give the rest.
         results[name] = {**summarize(runs, grid_best, grid_cost), "launched": [r.labels for r in runs]}
         say(f"  {name}: " + "; ".join(
@@ -930,9 +1014,16 @@ def replay(args: argparse.Namespace) -> int:
         "Plain TPE = the same study without the first moves (baseline first, then TPE). Random = "
         "every grid point once in a seeded random order. Grid order = every point in auto_tune.sh's "
         "nested-loop order (max_num_seqs outer); it is the same every seed.",
-        "A re-proposed point is charged again and returns the same measurement (a live run would "
-        "measure it again, with noise). Each point was measured once: the grid's best is the best "
-        "single measurement, and a live tuner faces that noise on every trial.",
+        "A table without repeats: each point was measured once, a re-proposed point is charged again "
+        "and returns the same measurement (a live run would measure it again, with noise), and the "
+        "grid's best is the best single measurement. A table with repeats (TABLE/repeats.json: "
+        "other tables measuring some of its configs again, same trace, window, SLOs and ladder) is "
+        "replayed POOLED: every launch of a config answers with one of its recorded launches, drawn "
+        "at random (seeded) each time, and is charged that launch's cost; a point's value is the "
+        "median of its launches (its cost their mean), so the grid's best is the best median; a "
+        "strategy's result after each launch is the median of the config it would pick then (its "
+        "best launch so far). That is the noise a live tuner faces, judged by the best estimate "
+        "of what each config carries.",
         "Capacity tables: the baseline's ladder started at 1x; every other point's at the baseline's "
         "capacity (finer steps), as `autotune run` starts a trial at the best capacity so far; a live "
         "trial started from a better best would take a few more or fewer steps than charged here.",
@@ -1089,6 +1180,9 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
 
 
 def cell(point: dict[str, Any]) -> str:
+    if len(point.get("launches") or []) > 1:
+        return (f"{point['score']:.3g}, median of {len(point['launches'])} launches "
+                f"({', '.join(format(p['score'], '.3g') for p in point['launches'])}; mean {point['wall_s']:.0f} s)")
     if point.get("capacity_rps") is not None or point.get("ladder_steps") is not None:
         mark = "" if point["ok"] else f" {point['failure']}"
         return (f"{point['score']:.3g}{mark} ({point['wall_s']:.0f} s, {point['ladder_steps']} steps, "

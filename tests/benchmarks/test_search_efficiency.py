@@ -315,3 +315,64 @@ def test_extending_a_grid_keeps_its_points_and_the_report_says_it_was_measured_i
     markdown = bench.tables({"grid": result}, 1)
     assert ("Measured in parts: 9 points on the grid max_num_seqs 4-16 x batched 512-2048 until "
             "2026-11-23T00:00:00; the grid was then extended and 3 points measured from 2026-11-26T10:00:00") in markdown
+
+
+def write_repeat(bench: ModuleType, folder: Path, table: Any, launches: list[tuple[int, int, float]],
+                 **settings: Any) -> None:
+    """A table measuring some of `table`'s configs again, each launch costing 2 x POINT_S."""
+    points = []
+    for seqs, batched, rps in launches:
+        label = f"s{seqs}-b{batched}"
+        trial_dir = folder / "trials" / label
+        trial_dir.mkdir(parents=True)
+        (trial_dir / "outcome.json").write_text(
+            TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=ladder(rps)).model_dump_json())
+        points.append(point(bench, label, seqs, batched, rps, trial_dir).model_copy(update={"wall_s": 2 * POINT_S}))
+    repeat = bench.Table(settings={**table.settings, **settings}, points=points)
+    (folder / "table.json").write_text(repeat.model_dump_json())
+
+
+def test_a_table_with_repeats_replays_each_launch_as_one_of_its_recorded_launches(bench, table, tmp_path) -> None:
+    # The peak (16 sequences, 512 tokens: 10 req/s) measured twice more, lower: one lucky launch.
+    folder = tmp_path / "grid"
+    write_repeat(bench, tmp_path / "again-a", table, [(16, 512, 6.0)])
+    write_repeat(bench, tmp_path / "again-b", table, [(16, 512, 7.0)])
+    (folder / "repeats.json").write_text(json.dumps({"tables": ["../again-a", "../again-b"]}))
+    result = bench.replay_table(table, folder, seeds=[0, 1, 2], default_trials=6)
+    # The grid's best is now the best median: 16/512's is 7, so 16/1024's single 8 is the best.
+    assert result["grid"]["best_score"] == 8.0 and result["grid"]["best_point"] == "s16-b1024"
+    assert result["grid"]["cost_s"] == pytest.approx(8 * POINT_S + (1 + 2 + 2) / 3 * POINT_S)
+    pooled = bench.pooled(table, bench.load_repeats(table, folder))
+    peak = pooled.by_key()[(16, 512)]
+    assert peak.score == 7.0 and [p.score for p in peak.launches] == [10.0, 6.0, 7.0]
+    # A launch of the peak answers with one of its three launches, drawn anew each time.
+    runner = bench.TableRunner(pooled, bench.VirtualClock(), DEFAULTS, seed=0)
+    from server.config import ServerConfig
+
+    seen = {runner.run(ServerConfig(engine={"model": "tiny", "max_num_batched_tokens": 512}), None,
+                       tmp_path / f"t{i}").capacity.capacity_rps for i in range(30)}
+    assert seen == {10.0, 6.0, 7.0}
+    # A search is judged by the median of the config it would pick (its best launch so far).
+    launches = [pooled.by_key()[(16, 2048)], peak.launches[0]]
+    truth = {p.key: p.score for p in pooled.points}
+    assert bench.Run.of(launches, truth=truth).best == [6.0, 7.0]
+    assert "7, median of 3 launches (10, 6, 7; mean 167 s)" in bench.tables({"grid": result}, 3)
+
+
+def test_a_repeat_measured_otherwise_or_elsewhere_is_named(bench, table, tmp_path) -> None:
+    folder = tmp_path / "grid"
+    repeats = folder / "repeats.json"
+    repeats.write_text(json.dumps({"tables": ["../nowhere"]}))
+    with pytest.raises(SystemExit, match=r"grid/repeats.json: tables: \.\./nowhere: no table.json there"):
+        bench.load_repeats(table, folder)
+    write_repeat(bench, tmp_path / "other-slos", table, [(16, 512, 6.0)], slos=["ttft_p95_ms=500"])
+    repeats.write_text(json.dumps({"tables": ["../other-slos"]}))
+    with pytest.raises(SystemExit, match=r"tables: \.\./other-slos: measured with another slos"):
+        bench.load_repeats(table, folder)
+    write_repeat(bench, tmp_path / "stray", table, [(32, 512, 6.0)])
+    repeats.write_text(json.dumps({"tables": ["../stray"]}))
+    with pytest.raises(SystemExit, match=r"s32-b512 \(max_num_seqs=32, max_num_batched_tokens=512\) is not a point"):
+        bench.load_repeats(table, folder)
+    repeats.write_text(json.dumps({"table": ["../stray"]}))
+    with pytest.raises(SystemExit, match=r"grid/repeats.json: tables: Field required"):
+        bench.load_repeats(table, folder)
