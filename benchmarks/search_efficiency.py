@@ -30,6 +30,9 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
    in a seeded random order) and grid order (every point in auto_tune.sh's nested-loop order).
    Reported: launches and seconds until the best found reaches 0.95x and 0.98x of the grid's
    best, as a share of the grid's cost, and the issue's done-when.
+   A table with TABLE/repeats.json (other tables that measured some of its configs again) is
+   replayed pooled: a launch draws one of the config's recorded launches, and a config's value
+   is the median of its launches (`pooled`, `RepeatsFile`).
 
     .venv/bin/python benchmarks/search_efficiency.py measure [--objective capacity|goodput] [--table DIR]
     .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ...] [--seeds 20]
