@@ -224,6 +224,17 @@ def sent_rate(result: ReplayResult) -> float:
     return (len(sent) - 1) / (sent[-1] - sent[0])
 
 
+def due_by_last_send(trace: Trace, result: ReplayResult) -> Trace:
+    """The step's requests that were due by the last one the client sent. A step stopped early
+    (certain to pass or fail) never sends the rest, and the stretch it did send may be quieter
+    than the whole step: its client is judged against what was due, not the step's mean rate."""
+    if not result.records:
+        return trace
+    last_ms = 1000.0 * max(r.scheduled_s for r in result.records)
+    due = int(np.searchsorted(trace.timestamps_ms, last_ms + 1e-6, side="right"))
+    return trace.subset(np.arange(max(due, 1)))
+
+
 def client_fell_behind(result: ReplayResult, nominal_rps: float, limit_ms: float) -> str | None:
     """Why the client, not only the server, shaped this run (None: it kept its schedule):
     its send-lag p99 over `limit_ms`, or less than MIN_SENT_SHARE of `nominal_rps` sent."""
@@ -431,7 +442,8 @@ class LoadLadder:
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None
         passed, reason = self._verdict(summary, measured, planned, early)
-        behind = client_fell_behind(result, offered_rate(trace), self.replay.send_lag_limit_ms())
+        behind = client_fell_behind(result, offered_rate(due_by_last_send(trace, result)),
+                                    self.replay.send_lag_limit_ms())
         # A miss stands when the server queued requests: it was past its capacity anyway.
         queued = (server.num_waiting_max or 0) > 0
         scored = behind is None or (not passed and queued)

@@ -139,6 +139,46 @@ def test_a_miss_stands_when_the_server_queued_requests_although_the_client_lagge
     assert failed and all("the server queued requests, so the miss stands" in s.reason for s in failed)
 
 
+class QuietStartServer:
+    """Misses the SLO at any rate; the client keeps its schedule, and each step is abandoned
+    (certain to fail) once the quiet first half of its requests has been sent."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def replay_fn(self, trace: Trace, url: str, options: ReplayOptions, *, on_progress=None) -> ReplayResult:
+        self.runs += 1
+        sent = trace.timestamps_ms[: len(trace) // 2]
+        records = [
+            RequestRecord(index=i, scheduled_s=t / 1000.0, sent_s=t / 1000.0, input_tokens=10, lag_ms=0.5,
+                          ttft_ms=2_000.0, e2e_ms=2_020.0, output_tokens=5, itl_ms=[5.0] * 4, status=200)
+            for i, t in enumerate(sent)
+        ]
+        summary = summarize(records, sent[-1] / 1000.0, options.slos, stopped_early=True)
+        assert on_progress is not None and on_progress(sent[-1] / 1000.0, summary)  # the ladder's verdict
+        return ReplayResult(records=records, summary=summary)
+
+
+def test_a_step_abandoned_after_a_quiet_stretch_is_a_miss_not_a_lagging_client() -> None:
+    # The window's first half arrives at 5 req/s, its second at 20 (mean 8): a step stopped
+    # after the first half sent 5 req/s, all on time, of the 8 the whole step offers.
+    quiet_then_busy = Trace.from_requests(
+        [TraceRequest(timestamp=t, input_length=10, output_length=5)
+         for t in [i * 200.0 for i in range(10)] + [2000.0 + i * 50.0 for i in range(10)]],
+        source="test window",
+    )
+    server = QuietStartServer()
+    settings = LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.1, max_steps=4)
+    ladder = LoadLadder(settings, url="http://stand-in", replay=ReplayOptions(slos=SLOS),
+                        scraper=Scraper(StandIn(0.0, 1e9), report_queue=False), scrape_interval_s=0.05,
+                        replay_fn=server.replay_fn, say=lambda line: None)
+    result = asyncio.run(ladder.run(quiet_then_busy))
+    # Scored misses (below the recorded rate, so capacity 0), not "the client sent 5 of 8 req/s".
+    assert result.unscored == [] and result.steps
+    assert all(step.scored and step.abandoned and not step.passed for step in result.steps)
+    assert result.capacity_rps == 0.0 and result.stopped_by is None
+
+
 def test_client_fell_behind_reads_lag_and_the_rate_sent() -> None:
     trace = window()
     options = ReplayOptions(slos=SLOS)
