@@ -255,7 +255,7 @@ def pooled(table: Table, repeats: Sequence[Table]) -> Table:
         score = float(np.median([p.score if p.feasible else 0.0 for p in runs]))
         points.append(point.model_copy(update={
             "score": score, "feasible": score > 0, "wall_s": float(np.mean([p.wall_s for p in runs])),
-            "launches": [p.model_copy(update={"launches": []}) for p in runs]}))
+            "launches": runs}))
     return table.model_copy(update={"points": points})
 
 
