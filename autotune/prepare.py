@@ -26,6 +26,7 @@ from server.config import (
     ServerConfig,
     default_engine_settings,
 )
+from server.vllm_facts import FactsCache
 from workloads.profile import format_profile, profile_trace
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace
@@ -229,16 +230,19 @@ def has_tokenizer(model_dir: Path) -> bool:
 def resolve_defaults(baseline: ServerConfig) -> dict[str, Any]:
     """What vLLM will actually use for the baseline (defaults resolved), or {} if it cannot
     tell without starting an engine; reported as "which defaults the baseline used"."""
-    try:
-        # The server owns the usage context it builds the engine with; ask it, not guess.
-        # Imported here: server.engine imports vLLM (seconds), needed only at this point.
-        from server.engine import effective_settings, resolve_engine_config
+    def ask_vllm() -> dict[str, Any]:
+        try:
+            # The server owns the usage context it builds the engine with; ask it, not guess.
+            # Imported here: server.engine imports vLLM (seconds), needed only at this point.
+            from server.engine import effective_settings, resolve_engine_config
 
-        settings = effective_settings(resolve_engine_config(baseline))
-    except Exception as error:  # noqa: BLE001 - an unresolvable default only costs a report line
-        print(f"autotune: note: could not resolve vLLM's defaults ({error}); continuing", file=sys.stderr)
-        return {}
-    keep = ("usage_context", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-            "max_model_len", "block_size", "enforce_eager")
-    data = settings.model_dump()
-    return {key: data[key] for key in keep if data.get(key) is not None}
+            settings = effective_settings(resolve_engine_config(baseline))
+        except Exception as error:  # noqa: BLE001 - an unresolvable default only costs a report line
+            print(f"autotune: note: could not resolve vLLM's defaults ({error}); continuing", file=sys.stderr)
+            return {}
+        keep = ("usage_context", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                "max_model_len", "block_size", "enforce_eager")
+        data = settings.model_dump()
+        return {key: data[key] for key in keep if data.get(key) is not None}
+
+    return FactsCache().resolved_defaults(baseline.engine_settings(), ask_vllm)

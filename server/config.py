@@ -23,12 +23,10 @@ split, one format would be spread over several files.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import math
 import os
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +43,7 @@ from pydantic import (
     model_validator,
 )
 
+from server.vllm_facts import EngineArgFacts, FactsCache, decode_annotation, vllm_annotation
 from workloads.errors import VllmAutotuneError
 from workloads.files import write_text_atomic
 
@@ -166,9 +165,8 @@ def kebab(key: str) -> str:
 
 
 def engine_arg_names() -> set[str]:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    return {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    """Every `AsyncEngineArgs` field of the installed vLLM (server.vllm_facts: cached)."""
+    return set(FactsCache().engine_arg_names())
 
 
 def check_engine_settings(
@@ -181,9 +179,7 @@ def check_engine_settings(
 
     `lines` maps a key as written to its line in the file, for the error message.
     """
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    fields = {field.name: field for field in dataclasses.fields(AsyncEngineArgs)}
+    facts = FactsCache().facts().engine_args
     checked: dict[str, Any] = {}
     written_as: dict[str, str] = {}
     for key, value in engine.items():
@@ -197,13 +193,13 @@ def check_engine_settings(
             raise ConfigError(
                 path, key, value, f"'{OUR_SECTION}' is ServerConfig.serving/provenance", line=line
             )
-        if name not in fields:
-            raise ConfigError(path, key, value, unknown_key_reason(key, set(fields)), line=line)
+        if name not in facts:
+            raise ConfigError(path, key, value, unknown_key_reason(key, set(facts)), line=line)
         if name in checked:
             raise ConfigError(
                 path, key, value, f"given twice (also as '{written_as[name]}')", line=line
             )
-        problem = type_problem(annotation(AsyncEngineArgs, fields[name]), value)
+        problem = type_problem(declared_type(name, facts[name], value), value)
         if problem is not None:
             raise ConfigError(path, key, value, problem, line=line)
         checked[name] = value
@@ -218,16 +214,12 @@ def unknown_key_reason(key: str, names: set[str]) -> str:
     return f"not a vLLM engine argument (AsyncEngineArgs field){hint}"
 
 
-def annotation(owner: type, field: dataclasses.Field) -> Any:
-    """The field's type, or None where its (string) annotation cannot be resolved here."""
-    # vLLM's module uses `from __future__ import annotations`, and some names in it exist
-    # only for type checkers, so the whole class cannot be resolved at once: one field at a time.
-    probe = type("_Probe", (), {"__annotations__": {field.name: field.type}})
-    probe.__module__ = owner.__module__
-    try:
-        return typing.get_type_hints(probe)[field.name]
-    except Exception:
-        return None
+def declared_type(name: str, facts: EngineArgFacts, value: Any) -> Any:
+    """The type vLLM declares for engine argument `name`: from the facts cache, or (a type only
+    vLLM can check, given a value) from vLLM itself."""
+    if facts.opaque:
+        return None if value is None else vllm_annotation(name)
+    return None if facts.annotation is None else decode_annotation(facts.annotation)
 
 
 def type_problem(annotation: Any, value: Any) -> str | None:
@@ -455,13 +447,8 @@ class ServerConfig(BaseModel):
 
 def negatable(name: str) -> bool:
     """A boolean engine argument whose default is not False (so `false` must be spelled out)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    fields = {field.name: field for field in dataclasses.fields(AsyncEngineArgs)}
-    field = fields.get(name)
-    if field is None or field.default is False:
-        return False
-    return annotation(AsyncEngineArgs, field) in (bool, bool | None)
+    facts = FactsCache().engine_arg(name)
+    return facts is not None and facts.negatable
 
 
 def resolve_negated_flags(
@@ -519,15 +506,13 @@ def default_engine_settings() -> dict[str, Any]:
 
     Random (dummy) weights: the output is gibberish but compute and memory use are real.
     """
-    from vllm.platforms import current_platform
-
     settings: dict[str, Any] = {
         "model": str(DEFAULT_MODEL_DIR),
         "load_format": "dummy",
         "dtype": "bfloat16",  # measured: works on vLLM's CPU backend and on GPUs
         "max_model_len": DEFAULT_MAX_MODEL_LEN,
     }
-    if current_platform.is_cpu():
+    if FactsCache().device_type() == "cpu":
         # torch.compile at start costs ~20 s on 2 cores; eager mode serves the tiny model fine.
         settings["enforce_eager"] = True
         # On CPU this is the share of the NUMA node's RAM the worker may use, KV cache included
@@ -553,8 +538,24 @@ def cpu_memory_share(node_bytes: int) -> float:
 
 def cpu_node_memory() -> int:
     """Bytes of RAM of the NUMA node vLLM's CPU worker sizes its memory from (the node of the
-    first CPU this process may run on, as vLLM picks it)."""
-    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+    first CPU this process may run on, as vLLM picks it; the node is cached, its size read now:
+    a VM's memory may grow)."""
+    node = FactsCache().first_cpu_node(first_allowed_cpu_node)
+    meminfo = Path(f"/sys/devices/system/node/node{node}/meminfo")
+    try:
+        for line in meminfo.read_text(encoding="utf-8").splitlines():
+            parts = line.split()  # "Node 0 MemTotal: 97421888 kB", as vLLM reads it
+            if len(parts) >= 4 and parts[2] == "MemTotal:":
+                return int(parts[3]) * 1024
+    except OSError:
+        pass
+    import psutil  # no per-node figures (not NUMA, or not Linux): the machine's, as vLLM does
+
+    return int(psutil.virtual_memory().total)
+
+
+def first_allowed_cpu_node() -> int:
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list
 
     cpus = get_allowed_cpu_list()
-    return int(get_memory_node_info(cpus[0].numa_node if cpus else 0).total_memory)
+    return cpus[0].numa_node if cpus else 0

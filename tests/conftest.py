@@ -27,6 +27,11 @@ the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the 
 tuner test lagged past the limit its SLOs imply (50-100 ms) and a trial went unscored in tests
 that are not about the client. The lag rule keeps its own tests (tests/autotune/test_client_lag.py),
 which pass their limits explicitly.
+
+The session answers vLLM questions from a facts cache of its own (server.vllm_facts), made
+empty at the start and shared by the xdist workers and every process the tests start: the first
+process that asks imports vLLM and fills it, the rest read it, and a warm cache in the user's
+home never hides a path that imports vLLM.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import fcntl
 import importlib.metadata
 import os
 import platform
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +54,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotune.measure_flags import CLIENT_LAG_ENV
+from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,6 +239,7 @@ def render(records: list[ScenarioRecord]) -> str:
 
 _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+_FACTS = pytest.StashKey[tuple[str, str | None]]()
 
 
 # Every test under this folder runs on one pytest-xdist worker (see the module docstring).
@@ -254,6 +263,23 @@ def pytest_configure(config: pytest.Config) -> None:
     directory = config.getoption("reliability_dir")
     if directory is not None:
         config.stash[_LOG] = ReliabilityLog(directory.resolve())
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        # Set before xdist starts its workers, which inherit it; removed at the session's end.
+        facts = tempfile.mkdtemp(prefix="vllm-autotune-facts-")
+        config.stash[_FACTS] = (facts, os.environ.get(CACHE_DIR_ENV))
+        os.environ[CACHE_DIR_ENV] = facts
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_FACTS, None)
+    if made is None:
+        return
+    facts, before = made
+    shutil.rmtree(facts, ignore_errors=True)
+    if before is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = before
 
 
 def engine_starts(item: pytest.Item) -> int:

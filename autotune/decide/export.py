@@ -28,11 +28,11 @@ from workloads.slo import SLO
 
 
 def vllm_version() -> str:
-    try:
-        import vllm
-    except ImportError:
-        return "not installed"
-    return str(vllm.__version__)
+    """The installed vLLM's version, read from its package metadata (importing it takes seconds)."""
+    from server.vllm_facts import VllmInstall
+
+    install = VllmInstall.find()
+    return "not installed" if install is None else install.version
 
 
 def cpu_model() -> str:

@@ -129,10 +129,25 @@ class TrialServer(BaseModel):
 
 
 def _importable(module: str) -> bool:
+    """Whether `module` (a dotted name) can be imported, without importing its packages (for
+    vLLM's, that takes seconds): each part is looked up as a file under its package's folder."""
+    head, *rest = module.split(".")
     try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
+        spec = importlib.util.find_spec(head)
+    except (ImportError, ValueError):
         return False
+    if spec is None:
+        return False
+    folders = list(spec.submodule_search_locations or [])
+    for index, part in enumerate(rest):
+        last = index == len(rest) - 1
+        found = [Path(f) / part for f in folders if (Path(f) / part / "__init__.py").exists()]
+        if last and any((Path(f) / f"{part}.py").exists() for f in folders):
+            return True
+        if not found:
+            return False
+        folders = [str(f) for f in found]
+    return True
 
 
 def our_server_settings(config: ServerConfig) -> list[str]:

@@ -20,7 +20,6 @@ engine-argument names, numbers or true/false): parsed, never evaluated as Python
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -155,10 +154,10 @@ def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> di
 
 
 def engine_argument_names() -> frozenset[str]:
-    """Every `AsyncEngineArgs` field of the installed vLLM (import is slow: call once)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
+    """Every `AsyncEngineArgs` field of the installed vLLM (server.vllm_facts: cached)."""
+    from server.vllm_facts import FactsCache
 
-    return frozenset(field.name for field in dataclasses.fields(AsyncEngineArgs))
+    return FactsCache().engine_arg_names()
 
 
 # ---------------------------------------------------------------------------------------------
