@@ -172,6 +172,15 @@ def explicit_context(request: TuningRequest) -> tuple[int, str, int | None] | No
 
 
 def detect_accelerator() -> str:
+    """"cpu" where vLLM runs on the CPU here, else "gpu" (CUDA, ROCm ...): vLLM's own platform,
+    from the facts cache (server.vllm_facts); without vLLM, or where it found no platform,
+    whether torch sees a GPU."""
+    try:
+        device = FactsCache().device_type()
+    except ImportError:
+        device = ""
+    if device:
+        return "cpu" if device == "cpu" else "gpu"
     try:
         import torch  # here, not at the top: importing torch costs seconds and may be absent
     except ImportError:
