@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from server.config import ConfigError, ServerConfig, default_engine_settings, type_problem
+from server.config import (
+    ConfigError,
+    ServerConfig,
+    cpu_node_memory,
+    default_engine_settings,
+    type_problem,
+)
 from server.vllm_facts import CACHE_DIR_ENV, FactsCache, decode_annotation, field_annotation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +102,15 @@ def test_resolved_defaults_are_remembered_per_settings_model_files_and_environme
     assert cache.resolved_defaults({"model": str(model)}, dict) == {}  # vLLM could not tell
     cache.resolved_defaults({"model": str(model)}, resolve)
     assert len(asked) == (5 if remembered else 7)
+
+
+def test_the_cpu_node_and_its_memory_are_the_ones_vllms_cpu_worker_sizes_from(cache: FactsCache) -> None:
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    cpus = get_allowed_cpu_list()
+    node = cpus[0].numa_node if cpus else 0
+    assert cpu_node_memory() == get_memory_node_info(node).total_memory  # asks vLLM, then caches
+    assert cpu_node_memory() == get_memory_node_info(node).total_memory  # from the cache
 
 
 def warm_child_env(cache: FactsCache) -> dict[str, str]:
