@@ -18,7 +18,7 @@ from autotune.measure.servers import labelled
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
 from autotune.search.objective import MEMORY_KNOB, default_slos, parse_objective
-from autotune.search.space import SearchSpace, engine_argument_names
+from autotune.search.space import SearchSpace
 from autotune.search.study_store import check_writable
 from server.config import (
     DEFAULT_MAX_MODEL_LEN,
@@ -84,7 +84,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
             say(f"pre-flight: {line}")
 
     check_writable(request.output_dir)  # before any trial: an unwritable folder must not cost one
-    known = engine_argument_names()
+    known = FactsCache().engine_arg_names()
     wide = objective.kind == "min-memory"  # memory from 0.05 up: the knob being minimised
     if request.space is not None:
         space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)

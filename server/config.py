@@ -164,11 +164,6 @@ def kebab(key: str) -> str:
     return key.replace("_", "-")
 
 
-def engine_arg_names() -> set[str]:
-    """Every `AsyncEngineArgs` field of the installed vLLM (server.vllm_facts: cached)."""
-    return set(FactsCache().engine_arg_names())
-
-
 def check_engine_settings(
     engine: Mapping[str, Any],
     *,

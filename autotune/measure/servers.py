@@ -129,25 +129,18 @@ class TrialServer(BaseModel):
 
 
 def _importable(module: str) -> bool:
-    """Whether `module` (a dotted name) can be imported, without importing its packages (for
-    vLLM's, that takes seconds): each part is looked up as a file under its package's folder."""
-    head, *rest = module.split(".")
+    """Whether `module` (a dotted name) is installed, looked up as a file under its top-level
+    package's folder: find_spec of a submodule imports its packages (vLLM's: seconds)."""
+    head, _, rest = module.partition(".")
     try:
         spec = importlib.util.find_spec(head)
     except (ImportError, ValueError):
         return False
-    if spec is None:
-        return False
-    folders = list(spec.submodule_search_locations or [])
-    for index, part in enumerate(rest):
-        last = index == len(rest) - 1
-        found = [Path(f) / part for f in folders if (Path(f) / part / "__init__.py").exists()]
-        if last and any((Path(f) / f"{part}.py").exists() for f in folders):
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        base = Path(folder, *rest.split(".")) if rest else Path(folder)
+        if base.with_suffix(".py").exists() or (base / "__init__.py").exists():
             return True
-        if not found:
-            return False
-        folders = [str(f) for f in found]
-    return True
+    return False
 
 
 def our_server_settings(config: ServerConfig) -> list[str]:

@@ -153,13 +153,6 @@ def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> di
     }
 
 
-def engine_argument_names() -> frozenset[str]:
-    """Every `AsyncEngineArgs` field of the installed vLLM (server.vllm_facts: cached)."""
-    from server.vllm_facts import FactsCache
-
-    return FactsCache().engine_arg_names()
-
-
 # ---------------------------------------------------------------------------------------------
 # The space
 

@@ -9,12 +9,13 @@ import pytest
 
 from autotune.errors import AutotuneError
 from autotune.search.relations import parse_relation
-from autotune.search.space import SearchSpace, engine_argument_names
+from autotune.search.space import SearchSpace
+from server.vllm_facts import FactsCache
 
 
 @pytest.fixture(scope="module")
 def known() -> frozenset[str]:
-    return engine_argument_names()
+    return FactsCache().engine_arg_names()
 
 
 def write(tmp_path: Path, text: str) -> Path:
