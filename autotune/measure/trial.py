@@ -86,6 +86,10 @@ FailureKind = Literal[
 # Warm-up requests: short, so they touch every code path (prefill, decode, streaming) fast.
 WARMUP_INPUT_TOKENS = 16
 WARMUP_OUTPUT_TOKENS = 8
+# A killed server's sockets close before its exit shows (waitpid), the more so on a loaded
+# machine: a failed GET /metrics waits this long for the exit before it is called a hang.
+EXIT_GRACE_S = 5.0
+EXIT_POLL_S = 0.05
 
 
 class TrialTiming(BaseModel):
@@ -436,7 +440,7 @@ class TrialRunner:
                 # /metrics stopped answering: a dead server (classified by its exit), else a hang.
                 failure = _Failed("crash", f"GET /metrics during the ladder failed: {error!r}")
                 try:
-                    self._check_alive(server, "during the ladder")
+                    await self._check_exited_within_grace(server, "during the ladder")
                 except _Failed as died:
                     failure = died
                 trial.capacity = ladder.result(window, stopped_by=failure.kind)
@@ -484,7 +488,7 @@ class TrialRunner:
         try:
             return await scraper.scrape()
         except httpx.HTTPError as error:
-            self._check_alive(server, when)
+            await self._check_exited_within_grace(server, when)
             raise _Failed("crash", f"GET /metrics {when} failed: {error!r}") from None
 
     @staticmethod
@@ -492,6 +496,15 @@ class TrialRunner:
         if not server.alive():
             failure = server.failure()
             raise _Failed(failure.kind, f"server died {when}: {failure.detail}")
+
+    @classmethod
+    async def _check_exited_within_grace(cls, server: ServerProcess, when: str) -> None:
+        """After a failed request: raise the server's classified death if its exit shows
+        within EXIT_GRACE_S; return if it is still running then (a hang, not a death)."""
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while server.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(EXIT_POLL_S)
+        cls._check_alive(server, when)
 
     def _write(self, trial: _Trial) -> TrialOutcome:
         """Write the result files (what exists) and `outcome.json`; return the outcome."""

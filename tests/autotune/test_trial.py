@@ -3,19 +3,23 @@ subprocess that streams completions; the real-engine trial is in test_trial_engi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+from autotune.measure import trial as trial_module
+from autotune.measure.launcher import ServerStartFailed
 from autotune.measure.server_registry import StaleServerRegistry
-from autotune.measure.trial import TrialOutcome, TrialRunner
+from autotune.measure.trial import TrialOutcome, TrialRunner, _Failed
 from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary, RequestRecord
 from workloads.trace import Trace, TraceRequest
@@ -223,3 +227,42 @@ def test_ctrl_c_stops_the_server_records_interrupted_and_reraises(
     assert outcome.teardown is not None and outcome.teardown.leftover_pids == []
     assert server_pids(trial_dir) == []
     assert StaleServerRegistry(tmp_path / "servers.json").entries() == []
+
+
+class ExitsLate:
+    """A server killed while a scrape was under way: alive() (waitpid) turns False only
+    `exit_shows_after_s` after its sockets closed, as on a loaded machine."""
+
+    def __init__(self, exit_shows_after_s: float | None):
+        self.exit_shows_at = (
+            None if exit_shows_after_s is None else time.monotonic() + exit_shows_after_s
+        )
+
+    def alive(self) -> bool:
+        return self.exit_shows_at is None or time.monotonic() < self.exit_shows_at
+
+    def failure(self) -> ServerStartFailed:
+        return ServerStartFailed("crash", "server exited with code -9 (killed by SIGKILL)")
+
+
+class ClosedSocketScraper:
+    async def scrape(self) -> None:
+        raise httpx.ReadError("")
+
+
+def test_failed_scrape_of_a_server_whose_exit_shows_late_is_its_death(tmp_path: Path) -> None:
+    server = ExitsLate(exit_shows_after_s=0.5)
+    with pytest.raises(_Failed) as failed:
+        asyncio.run(runner(tmp_path)._scrape(ClosedSocketScraper(), server, "after the window"))
+    assert failed.value.kind == "crash"
+    assert failed.value.detail.startswith("server died after the window: server exited with code -9")
+
+
+def test_failed_scrape_of_a_server_still_running_after_the_grace_is_a_scrape_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trial_module, "EXIT_GRACE_S", 0.3)
+    with pytest.raises(_Failed) as failed:
+        asyncio.run(runner(tmp_path)._scrape(ClosedSocketScraper(), ExitsLate(None), "after the window"))
+    assert failed.value.kind == "crash"
+    assert failed.value.detail == "GET /metrics after the window failed: ReadError('')"
