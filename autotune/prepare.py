@@ -33,7 +33,7 @@ from workloads.trace_io import load_trace
 
 # The request's settings a plan keeps as they are (same names, same values).
 CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
-           "startup_timeout_s", "max_client_lag_ms", "client_cpus", "command_line", "trial_server", "study_name", "output_dir",
+           "startup_timeout_s", "max_client_lag_ms", "client_cpus", "fork_servers", "command_line", "trial_server", "study_name", "output_dir",
            "storage", "resume")
 
 

@@ -102,6 +102,20 @@ def release_in_forked_children(fd: int) -> None:
     os.register_at_fork(after_in_child=give_up)
 
 
+def preload() -> None:
+    """Imports what `main` imports on its way to serving (vLLM, torch, the app), and nothing
+    more: a process that forks servers (autotune.measure.forkserver) calls it once, so that each
+    server it forks starts where the import ended. Reads no engine setting and starts nothing."""
+    import uvicorn  # noqa: F401
+    import vllm.engine.arg_utils  # noqa: F401
+    import vllm.usage.usage_lib  # noqa: F401
+    import vllm.v1.engine.async_llm  # noqa: F401
+
+    import server.app  # noqa: F401
+    import server.engine  # noqa: F401
+    import server.frontends  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     # First: a tuner killed while this server imports vLLM must not leave it behind.
     watch_parent_from_env()

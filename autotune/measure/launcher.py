@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import psutil
 from pydantic import BaseModel
 
 from autotune.measure.cpu_split import CpuSplit
+from autotune.measure.forkserver import ForkedServer, ForkServer, ForkServerError
 from autotune.measure.process_cpu import CpuReading, read_cpu
 from autotune.measure.server_registry import (
     RegisteredServer,
@@ -35,6 +37,7 @@ from autotune.measure.server_registry import (
     _signal_all,
 )
 from autotune.measure.server_start import (
+    SERVER_NICE,
     StartFailureKind,
     classify_exit,
     free_port,
@@ -44,6 +47,8 @@ from autotune.measure.server_start import (
     yield_cpu_to_clients,
 )
 from server.lifeline import PARENT_PID_ENV
+
+logger = logging.getLogger(__name__)
 
 
 class ServerStartFailed(Exception):
@@ -112,7 +117,7 @@ class ServerProcess:
 
     def __init__(
         self,
-        popen: subprocess.Popen[bytes],
+        popen: subprocess.Popen[bytes] | ForkedServer,
         *,
         host: str,
         port: int,
@@ -336,6 +341,7 @@ class ServerLauncher:
         extra_args: Sequence[str] = ("--benchmark-mode",),
         env: dict[str, str] | None = None,
         cpu_split: CpuSplit | None = None,
+        forkserver: ForkServer | None = None,
     ):
         self.host = host
         self.startup_timeout_s = startup_timeout_s
@@ -345,6 +351,10 @@ class ServerLauncher:
         self.extra_args = list(extra_args)
         self.env = env
         self.cpu_split = cpu_split  # the server's own CPUs, apart from the client's
+        # Forks the server with vLLM already imported (autotune.measure.forkserver): runs
+        # `python -m server`'s main, so only for that command; and only for servers with the
+        # environment it imported under (else, or if it failed, the server starts as usual).
+        self.forkserver = forkserver
 
     def start(
         self, config_path: Path, log_path: Path, *, trial: str = "", port: int | None = None
@@ -384,17 +394,19 @@ class ServerLauncher:
             log.write(f"# autotune {stamp}: starting {' '.join(argv)}\n".encode())
             log.flush()
             spawned_at = time.monotonic()
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-            )
-        yield_cpu_to_clients(popen.pid)
-        if self.cpu_split is not None:
-            self.cpu_split.pin_server(popen.pid)
+            popen = self._fork(argv, env, log_path)
+            if popen is None:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=env,
+                )
+                yield_cpu_to_clients(popen.pid)
+                if self.cpu_split is not None:
+                    self.cpu_split.pin_server(popen.pid)
         server = ServerProcess(
             popen,
             host=self.host,
@@ -417,3 +429,21 @@ class ServerLauncher:
                 )
             )
         return server
+
+    def _fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedServer | None:
+        """The server forked from the fork server (priority and CPUs set in the child, before
+        it starts any thread), or None where it must start as a process of its own."""
+        if self.forkserver is None:
+            return None
+        if not self.forkserver.accepts(env):
+            if not self.forkserver.alive():
+                logger.warning("%s; starting the server as a process of its own",
+                               self.forkserver.describe_exit())
+            return None
+        try:
+            return self.forkserver.spawn(
+                argv[len(self.command):], env=env, log_path=log_path, nice=SERVER_NICE,
+                cpus=None if self.cpu_split is None else self.cpu_split.server)
+        except ForkServerError as error:
+            logger.warning("%s; starting the server as a process of its own", error)
+            return None

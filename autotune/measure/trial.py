@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
+from autotune.measure.forkserver import ForkServer
 from autotune.measure.kv_cache import KVCacheSize, read_kv_cache
 from autotune.measure.ladder import (
     UNSCORED_RETRIES,
@@ -208,6 +210,7 @@ class TrialRunner:
         replay_workers: int | Literal["auto"] = "auto",
         server: TrialServer | None = None,
         cpu_split: CpuSplit | None = None,
+        preload_server: bool = False,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -236,6 +239,26 @@ class TrialRunner:
         self.say = say
         # The client (this thread, replay workers) and the server on separate CPUs, or shared.
         self.cpu_split = cpu_split
+        # Our server forked from a process that imported vLLM once (autotune.measure.forkserver)
+        # instead of a fresh `python -m server` per trial; a fake command never is.
+        self.preload_server = preload_server and server_command is None and not self.server.is_vllm
+        self._forkserver: ForkServer | None = None
+
+    def forkserver(self, log_dir: Path) -> ForkServer | None:
+        """The fork server the next trial's server comes from (started now if there is none
+        for this environment; its import then runs while the caller prepares), or None."""
+        if not self.preload_server:
+            return None
+        if self._forkserver is None or not self._forkserver.accepts(os.environ):
+            self.close()
+            self._forkserver = ForkServer(self.python, stderr_path=log_dir / "forkserver.log")
+        return self._forkserver
+
+    def close(self) -> None:
+        """End the fork server, if any (it also ends by itself with this process)."""
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
 
     def run(
         self,
@@ -306,6 +329,7 @@ class TrialRunner:
             command=self.server_command or self.server.command(self.python),
             extra_args=self.server.extra_args(self.host),
             cpu_split=self.cpu_split,
+            forkserver=self.forkserver(trial.dir.parent),
         )
         try:
             server = launcher.start(config_path, trial.dir / "server.log", trial=trial.dir.name)

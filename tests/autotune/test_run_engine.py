@@ -85,6 +85,11 @@ def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: P
     assert best.engine["gpu_memory_utilization"] == cpu_memory_share(cpu_node_memory())  # the default
     assert "req/s goodput on the tuning window (trial-0000)" in best.provenance["decision"]["baseline_standing"]
     assert "KEPT THE BASELINE" in done.stdout
+    # Both servers were forked from one process that had imported vLLM (autotune.measure.forkserver).
+    forked_by = {line.split()[4] for trial in ("trial-0000", "trial-0001")
+                 for line in (out / "trials" / trial / "server.log").read_text(errors="replace").splitlines()
+                 if line.startswith("# forked by fork server ")}
+    assert len(forked_by) == 1, forked_by
     report = (out / "report.md").read_text()
     assert report.startswith("# The baseline was kept")
     assert "THE BASELINE WAS KEPT" in report and "Baseline measured: " in report and "trial-0001" in report
@@ -122,7 +127,9 @@ def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, r
                     children = psutil.Process(entry["pid"]).children(recursive=True)
                     if children:  # the engine core: the whole tree is there to be left behind
                         server = entry["pid"]
-                        processes = {server, *(child.pid for child in children)}
+                        # The tuner's own children too: the fork server the server came from.
+                        tuner_children = psutil.Process(tuner.pid).children(recursive=True)
+                        processes = {server, *(child.pid for child in [*children, *tuner_children])}
             time.sleep(0.2)
         assert server is not None, (tmp_path / "first.log").read_text()[-3000:]
         os.kill(tuner.pid, signal.SIGKILL)  # the tuner only: nobody stops its server for it

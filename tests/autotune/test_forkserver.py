@@ -1,0 +1,102 @@
+"""Trial servers forked from a fork server that imported vLLM once (autotune.measure.forkserver):
+real fork server, real `server.__main__.main` in the child; no engine is waited for (the
+`autotune run` engine tests start real servers this way)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.measure.forkserver import ForkedServer, ForkServer
+from autotune.measure.launcher import ServerLauncher, ServerStartFailed
+from autotune.measure.server_start import SERVER_NICE
+from server.config import ServerConfig
+
+pytestmark = pytest.mark.slow  # the fork server imports vLLM (~8 s on 2 cores)
+
+
+@pytest.fixture(scope="module")
+def forkserver(tmp_path_factory: pytest.TempPathFactory):
+    server = ForkServer(stderr_path=tmp_path_factory.mktemp("forkserver") / "forkserver.log")
+    yield server
+    server.close()
+
+
+def default_config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    ServerConfig.default().write(path)
+    return path
+
+
+def test_a_forked_server_that_refuses_its_config_fails_with_the_reason(forkserver: ForkServer,
+                                                                        tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("engine:\n  max_num_seqs: many\n")
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerStartFailed) as failed:
+        ServerLauncher(forkserver=forkserver, startup_timeout_s=120).start(config, log)
+    assert failed.value.kind == "invalid_config", failed.value.detail
+    assert "exited with code 2" in failed.value.detail
+    text = log.read_text()
+    assert f"forked by fork server {forkserver.process.pid}" in text
+    assert "max_num_seqs" in text  # the server's own one-line refusal, in the trial's log
+
+
+def test_a_killed_forked_server_is_seen_as_killed_in_its_own_group(forkserver: ForkServer,
+                                                                   tmp_path: Path) -> None:
+    launcher = ServerLauncher(forkserver=forkserver)
+    server = launcher.spawn(default_config(tmp_path), tmp_path / "server.log", port=1)
+    assert isinstance(server.popen, ForkedServer)
+    assert psutil.Process(server.pid).ppid() == forkserver.process.pid
+    assert os.getsid(server.pid) == server.pid  # leads its own session and group, as before
+    assert os.getpriority(os.PRIO_PROCESS, server.pid) == SERVER_NICE
+    assert server.alive()
+    os.killpg(server.pid, signal.SIGKILL)
+    assert server.popen.wait(60) == -signal.SIGKILL
+    assert not server.alive()
+    assert "killed by SIGKILL" in server.failure().detail
+    report = server.stop()
+    assert report.leftover_pids == [] and report.exit_code == -signal.SIGKILL
+
+
+def test_a_server_with_another_environment_starts_as_a_process_of_its_own(forkserver: ForkServer,
+                                                                          tmp_path: Path) -> None:
+    env = {**os.environ, "VLLM_AUTOTUNE_TEST_MARK": "1"}  # not what the fork server imported under
+    assert not forkserver.accepts(env)
+    assert forkserver.accepts({**os.environ, "AUTOTUNE_PARENT_PID": "1"})  # the server's own
+    server = ServerLauncher(forkserver=forkserver, env=env).spawn(
+        default_config(tmp_path), tmp_path / "server.log", port=1)
+    try:
+        assert isinstance(server.popen, subprocess.Popen)
+    finally:
+        assert server.stop().leftover_pids == []
+
+
+def test_a_fork_server_that_died_leaves_servers_to_start_on_their_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = ForkServer(stderr_path=tmp_path / "forkserver.log")
+    broken.process.kill()  # e.g. the OOM killer
+    broken.process.wait()
+    with caplog.at_level(logging.WARNING, logger="autotune.measure.launcher"):
+        server = ServerLauncher(forkserver=broken).spawn(default_config(tmp_path), tmp_path / "server.log",
+                                                         port=1)
+    try:
+        assert isinstance(server.popen, subprocess.Popen)
+        assert "starting the server as a process of its own" in caplog.text
+        assert f"the fork server ({broken.process.pid}) exited" in caplog.text
+    finally:
+        assert server.stop().leftover_pids == []
+
+
+def test_closing_ends_the_fork_server(tmp_path: Path) -> None:
+    server = ForkServer(stderr_path=tmp_path / "forkserver.log")
+    server.close()  # while it still imports: it is not waited for
+    assert server.process.returncode is not None
+    assert not server.alive()
