@@ -1,6 +1,6 @@
 """A trial server's start, forked from a fork server against a fresh `python -m server`.
 
-    .venv/bin/python benchmarks/server_start.py [--rounds 3] [--config FILE]
+    .venv/bin/python benchmarks/server_start.py [--rounds 3] [--config FILE] [--name NAME]
 
 Each round starts the server twice with the same config (default: the embedded default),
 the order alternating per round, one at a time: once as its own process (`python -m server`,
@@ -45,8 +45,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--config", type=Path, help="server config (default: the embedded default)")
+    parser.add_argument("--name", default="server_start", help="results/benchmarks/NAME.{md,json}")
     args = parser.parse_args()
-    recorder = Recorder("server_start", "Trial server start: forked from a fork server vs its own process", "full")
+    recorder = Recorder(args.name, "Trial server start: forked from a fork server vs its own process", "full")
     starts: dict[str, list[float]] = {"own process": [], "forked": []}
     with tempfile.TemporaryDirectory(prefix="server-start-") as tmp:
         folder = Path(tmp)
