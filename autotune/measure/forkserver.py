@@ -62,6 +62,7 @@ class ForkRequest(BaseModel):
     """One server to fork (launcher -> fork server)."""
 
     args: list[str]  # what follows `python -m server`
+    title: str  # the process title `ps` shows: the command line the server stands for
     env: dict[str, str]
     cwd: str
     log_path: str
@@ -78,6 +79,7 @@ class ForkServer:
 
     def __init__(self, python: str = sys.executable, *, env: Mapping[str, str] | None = None,
                  stderr_path: Path | None = None) -> None:
+        self.python = python
         self.env = _configuration(os.environ if env is None else env)
         stderr: int | BinaryIO = subprocess.DEVNULL
         if stderr_path is not None:
@@ -119,7 +121,8 @@ class ForkServer:
     def spawn(self, args: Sequence[str], *, env: Mapping[str, str], log_path: Path,
               nice: int | None = None, cpus: Sequence[int] | None = None) -> ForkedServer:
         """Fork one server (after waiting for the import, if still running)."""
-        request = ForkRequest(args=list(args), env=dict(env), cwd=os.getcwd(), log_path=str(log_path),
+        request = ForkRequest(args=list(args), title=" ".join([self.python, "-m", "server", *args]),
+                              env=dict(env), cwd=os.getcwd(), log_path=str(log_path),
                               nice=nice, cpus=None if cpus is None else sorted(cpus))
         if not self.wait_ready():
             raise ForkServerError(self._gone("before it had imported the server"))
@@ -266,8 +269,8 @@ def _answer(message: dict[str, Any]) -> None:
 
 def _fork(request: ForkRequest, private_fds: Sequence[int]) -> int:
     """Fork one server and return its pid once it leads its own session and group (so the
-    launcher's first signal to the group reaches it) with its priority and CPUs set; in the
-    child, never returns."""
+    launcher's first signal to the group reaches it) with its priority, CPUs and process title
+    set; in the child, never returns."""
     settled_read, settled_write = os.pipe()
     pid = os.fork()
     if pid:
@@ -286,6 +289,10 @@ def _fork(request: ForkRequest, private_fds: Sequence[int]) -> int:
             yield_cpu_to_clients(os.getpid(), request.nice)
         if request.cpus is not None:
             os.sched_setaffinity(0, request.cpus)
+        # The title before the environment is swapped: setproctitle finds the memory it rewrites
+        # through the environment as the process started, so afterwards neither this nor vLLM's
+        # own titles (VLLM::EngineCore, which our CPU accounting reads) would take.
+        _set_title(request.title)
         os.close(settled_write)
         log = os.open(request.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -314,6 +321,14 @@ def _fork(request: ForkRequest, private_fds: Sequence[int]) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _set_title(title: str) -> None:
+    try:
+        import setproctitle  # vLLM's dependency; without it, titles stay as they are
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
 
 
 def _reap() -> None:

@@ -12,6 +12,6 @@ load-format: dummy
 skip-tokenizer-init: true
 max-model-len: 4096
 YAML
-python3 benchmarks/server_start.py --rounds "$rounds" --config "$out/qwen2-1.5b.yaml" \
+python3 benchmarks/server_start.py --rounds "$rounds" --config "$out/qwen2-1.5b.yaml" --requests "${REQUESTS:-0}" \
   --name server_start_gpu 2>&1 | tee "$out/server_start_gpu.log"
 cp results/benchmarks/server_start_gpu.* "$out/"

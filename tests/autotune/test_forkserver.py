@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -55,6 +56,8 @@ def test_a_killed_forked_server_is_seen_as_killed_in_its_own_group(forkserver: F
     assert isinstance(server.popen, ForkedServer)
     assert psutil.Process(server.pid).ppid() == forkserver.process.pid
     assert os.getsid(server.pid) == server.pid  # leads its own session and group, as before
+    # `ps` shows the command it stands for, not the fork server's.
+    assert " ".join(psutil.Process(server.pid).cmdline()).startswith(f"{sys.executable} -m server --config")
     assert os.getpriority(os.PRIO_PROCESS, server.pid) == SERVER_NICE
     assert server.alive()
     os.killpg(server.pid, signal.SIGKILL)

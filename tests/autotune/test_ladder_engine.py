@@ -112,6 +112,11 @@ def test_autotune_run_reports_the_baselines_capacity_and_headroom(tmp_path: Path
     assert report[2].startswith("**Headroom: the baseline carries")
     ladder = out / "trials" / "trial-0000" / "ladder.json"
     assert ladder.is_file()
+    # Per-process CPU accounting names the engine core by vLLM's process title, also in a server
+    # forked from the fork server (where the title must be set before the environment).
+    roles = {process["role"] for step in json.loads(ladder.read_text())["steps"]
+             for process in (step["server"] or {}).get("processes", [])}
+    assert "engine core" in roles and "main" in roles, roles
     best = yaml.safe_load((out / "best.yaml").read_text())
     capacity = best["additional-config"]["vllm_autotune"]["provenance"]["capacity"]
     assert capacity["baseline_rps"] > 0 and capacity["recorded_rps"] > 0
