@@ -77,7 +77,7 @@ class TuningRequest(BaseModel):
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
     max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
     client_cpus: str = "auto"  # autotune.measure.cpu_split.CpuSplit.resolve
-    fork_servers: Literal["auto", "on", "off"] = "auto"  # autotune.pipeline.build_runner
+    fork_servers: Literal["on", "off"] = "on"  # autotune.pipeline.build_runner
     seed: int = 0
     tuning_window_s: float = DEFAULT_TUNING_S
     holdout_window_s: float = DEFAULT_HOLDOUT_S
@@ -144,8 +144,8 @@ class TuningPlan(BaseModel):
     max_client_lag_ms: float | None = None  # runs lagging more are not scored (None: derived)
     # Resolved on each host that measures (a worker's CPUs are its own): CpuSplit.resolve.
     client_cpus: str = "auto"
-    # Trial servers forked from a process that imported vLLM once (auto: on vLLM's CPU platform).
-    fork_servers: Literal["auto", "on", "off"] = "auto"
+    # Trial servers forked from a process that imported vLLM once (autotune.measure.forkserver).
+    fork_servers: Literal["on", "off"] = "on"
     command_line: list[str]
     # What every trial runs on (workers too); studies stored before it existed ran ours.
     trial_server: TrialServer = TrialServer()

@@ -17,7 +17,14 @@ import pytest
 from autotune.measure.forkserver import ForkedServer, ForkServer
 from autotune.measure.launcher import ServerLauncher, ServerStartFailed
 from autotune.measure.server_start import SERVER_NICE
+from autotune.measure.servers import TrialServer
+from autotune.measure.trial import TrialRunner
+from autotune.pipeline import build_runner
+from autotune.plan import TuningRequest
+from autotune.prepare import prepare_plan
 from server.config import ServerConfig
+
+SAMPLE = Path(__file__).resolve().parents[2] / "workloads" / "samples" / "translation_trace.jsonl"
 
 pytestmark = pytest.mark.slow  # the fork server imports vLLM (~8 s on 2 cores)
 
@@ -103,3 +110,17 @@ def test_closing_ends_the_fork_server(tmp_path: Path) -> None:
     server.close()  # while it still imports: it is not waited for
     assert server.process.returncode is not None
     assert not server.alive()
+
+
+@pytest.mark.parametrize(("flag", "server", "forks"), [
+    ("on", TrialServer(), True),
+    ("off", TrialServer(), False),
+    ("on", TrialServer(kind="vllm"), False),  # stock `vllm serve` is always its own process
+])
+def test_which_runs_fork_their_servers(tmp_path: Path, flag: str, server: TrialServer, forks: bool) -> None:
+    plan = prepare_plan(TuningRequest(workload=str(SAMPLE), study_name="s", output_dir=tmp_path,
+                                      command_line=["autotune", "run"], fork_servers=flag, trial_server=server))
+    runner = build_runner(plan, registry=tmp_path / "servers.json")
+    assert runner.preload_server is forks
+    # A fake server command (tests') is never forked: the fork server runs our server's main.
+    assert TrialRunner(preload_server=True, server_command=[sys.executable, "fake.py"]).preload_server is False
