@@ -45,6 +45,7 @@ from typing import Any, BinaryIO
 import psutil
 from pydantic import BaseModel
 
+from autotune.measure.server_registry import _is_gone
 from autotune.measure.server_start import yield_cpu_to_clients
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,6 @@ class ForkServer:
 
     def __init__(self, python: str = sys.executable, *, env: Mapping[str, str] | None = None,
                  stderr_path: Path | None = None) -> None:
-        self.python = python
         self.env = _configuration(os.environ if env is None else env)
         stderr: int | BinaryIO = subprocess.DEVNULL
         if stderr_path is not None:
@@ -118,10 +118,11 @@ class ForkServer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def spawn(self, args: Sequence[str], *, env: Mapping[str, str], log_path: Path,
+    def spawn(self, args: Sequence[str], *, title: str, env: Mapping[str, str], log_path: Path,
               nice: int | None = None, cpus: Sequence[int] | None = None) -> ForkedServer:
-        """Fork one server (after waiting for the import, if still running)."""
-        request = ForkRequest(args=list(args), title=" ".join([self.python, "-m", "server", *args]),
+        """Fork one server running `python -m server ARGS` (after waiting for the import, if
+        still running); `title`: the command line `ps` shows for it."""
+        request = ForkRequest(args=list(args), title=title,
                               env=dict(env), cwd=os.getcwd(), log_path=str(log_path),
                               nice=nice, cpus=None if cpus is None else sorted(cpus))
         if not self.wait_ready():
@@ -222,7 +223,7 @@ class ForkedServer:
     def __init__(self, pid: int, forkserver: ForkServer) -> None:
         self.pid = pid
         self._forkserver = forkserver
-        self._create_time = _create_time(pid)
+        self._process = _process(pid)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -242,20 +243,17 @@ class ForkedServer:
         return code
 
     def _running(self) -> bool:
-        try:
-            process = psutil.Process(self.pid)
-            return process.create_time() == self._create_time and process.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        # is_running(): the same process, not a later one given the same pid.
+        return self._process is not None and self._process.is_running() and not _is_gone(self._process)
 
 
 def _configuration(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if not name.startswith(IMPORT_FREE_PREFIXES)}
 
 
-def _create_time(pid: int) -> float | None:
+def _process(pid: int) -> psutil.Process | None:
     try:
-        return psutil.Process(pid).create_time()
+        return psutil.Process(pid)
     except psutil.NoSuchProcess:
         return None
 

@@ -442,7 +442,7 @@ class ServerLauncher:
             return None
         try:
             return self.forkserver.spawn(
-                argv[len(self.command):], env=env, log_path=log_path, nice=SERVER_NICE,
+                argv[len(self.command):], title=" ".join(argv), env=env, log_path=log_path, nice=SERVER_NICE,
                 cpus=None if self.cpu_split is None else self.cpu_split.server)
         except ForkServerError as error:
             logger.warning("%s; starting the server as a process of its own", error)
