@@ -58,6 +58,7 @@ from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
+START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"  # server.engine's (importing it imports vLLM)
 GROUPS = ("Faults during a study", "Bad input", "Overload", "Security defaults")
 Outcome = Literal["passed", "failed", "skipped", "unfinished"]
 
@@ -240,6 +241,7 @@ def render(records: list[ScenarioRecord]) -> str:
 _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 _FACTS = pytest.StashKey[tuple[str, str | None]]()
+_START_METHOD = pytest.StashKey[str | None]()
 
 
 # Every test under this folder runs on one pytest-xdist worker (see the module docstring).
@@ -297,8 +299,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "postgres_url" in fixtures:
             item.add_marker(pytest.mark.postgres)
     # The session server's tests first, then the other engine tests, the most engine starts
-    # first, then everything else; pytest's order within each (the sort is stable).
-    items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
+    # first, then the slow tests, then everything else; pytest's order within each (the sort
+    # is stable): the longest units start first, and short ones fill the gaps at the end.
+    items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item),
+                                 item.get_closest_marker("slow") is None))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
@@ -313,6 +317,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return SERVER_TESTS if nodeid.startswith(SERVER_TESTS) else nodeid
 
     return FolderGroups(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_START_METHOD] = os.environ.get(START_METHOD_ENV)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test that leaves vLLM's engine-core start method in this process's environment (after
+    every fixture's undo) errors: each later `autotune run` or server this process starts would
+    inherit it as if a user had set it (vLLM's CPU platform writes "spawn" there while it
+    builds a config)."""
+    result = yield
+    before, after = item.stash.get(_START_METHOD, None), os.environ.get(START_METHOD_ENV)
+    if after != before:
+        if before is None:
+            os.environ.pop(START_METHOD_ENV, None)
+        else:
+            os.environ[START_METHOD_ENV] = before
+        pytest.fail(f"the test left {START_METHOD_ENV}={after!r} in the environment (was {before!r})")
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

@@ -25,9 +25,12 @@ pytestmark = pytest.mark.slow  # imports vLLM (~10 s)
 
 @pytest.fixture(autouse=True)
 def environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    # monkeypatch puts back whatever these were, so no later test in this process inherits them.
-    monkeypatch.delenv(START_METHOD_ENV, raising=False)
-    monkeypatch.delenv(WORKER_PROCESS_ENV, raising=False)
+    # monkeypatch puts back whatever these were, so no later test in this process inherits them
+    # (the server code under test writes them). A delenv of an unset variable records nothing
+    # to undo: set first, so that undoing removes what the test wrote.
+    for name in (START_METHOD_ENV, WORKER_PROCESS_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
