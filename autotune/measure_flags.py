@@ -41,6 +41,9 @@ def add_measurement_flags(add: Any) -> None:
     add("--ladder-resolution", type=float, default=DEFAULT_LADDER_RESOLUTION, metavar="R",
         help="capacity ladder: stop bisecting when the failing rate is within this fraction "
              "of the passing one (default: %(default)s)")
+    add("--max-speedup", type=float, default=None, metavar="X",
+        help="capacity ladder: the highest rate tried, as a multiple of the recorded rate; a "
+             "config that meets every SLO there is reported as carrying at least X (default: 256)")
     add("--max-client-lag-ms", type=float, default=None, metavar="MS",
         help="a measured run (ladder step or window) whose replayer send-lag p99 exceeds this "
              "is not scored: the client, not only the server, shaped it (default: $"
@@ -103,6 +106,7 @@ def measurement_fields(args: argparse.Namespace,
         "over_context": args.over_context,
         "step_requests": args.step_requests,
         "ladder_resolution": args.ladder_resolution,
+        "max_speedup": args.max_speedup,
         "seed": args.seed,
         "tuning_window_s": args.tuning_window,
         "holdout_window_s": args.holdout_window,

@@ -248,16 +248,22 @@ def capacity_figures(
         source = "tuning window, the baseline's search trial (no gate ran)"
     else:
         return None
+    def at_cap(rps: float) -> bool:
+        """The ladder met every SLO at its highest rate (--max-speedup): a lower bound."""
+        return recorded > 0 and rps / recorded >= plan.ladder.max_speedup * (1 - 1e-6)
+
     figures: dict[str, Any] = {
         "measured_on": source,
         "recorded_rps": round(recorded, 3),
         "baseline_rps": round(base, 3),
         "baseline_headroom": round(base / recorded, 3) if recorded > 0 else None,
+        "baseline_lower_bound": at_cap(base),
     }
     if gated and not decision.keep_baseline and decision.candidate_median is not None:
         win = float(decision.candidate_median)
         figures["winner_rps"] = round(win, 3)
         figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None
+        figures["winner_lower_bound"] = at_cap(win)
     return figures
 
 

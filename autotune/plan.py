@@ -75,6 +75,7 @@ class TuningRequest(BaseModel):
     headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H
     step_requests: int | None = None
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
+    max_speedup: float | None = None  # None: LadderSettings' own
     max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
     client_cpus: str = "auto"  # autotune.measure.cpu_split.CpuSplit.resolve
     fork_servers: Literal["on", "off"] = "on"  # autotune.pipeline.build_runner

@@ -149,13 +149,15 @@ def ladder_settings(request: TuningRequest, accelerator: str) -> LadderSettings:
     overrides: dict[str, Any] = {"resolution": request.ladder_resolution}
     if request.step_requests is not None:
         overrides["step_requests"] = request.step_requests
+    if request.max_speedup is not None:
+        overrides["max_speedup"] = request.max_speedup
     try:
         return LadderSettings.for_accelerator(accelerator, **overrides)
     except ValueError as error:
-        raise AutotuneError(
-            f"--step-requests {request.step_requests} / --ladder-resolution "
-            f"{request.ladder_resolution}: {error.errors()[0]['msg']}"  # type: ignore[attr-defined]
-        ) from None
+        first = error.errors()[0]  # type: ignore[attr-defined]
+        flag = {"step_requests": "--step-requests", "resolution": "--ladder-resolution",
+                "max_speedup": "--max-speedup"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise AutotuneError(f"{flag} {first['input']}: {first['msg']}") from None
 
 
 def explicit_context(request: TuningRequest) -> tuple[int, str, int | None] | None:

@@ -280,18 +280,21 @@ def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
     """The first line of a capacity report: how much of the user's traffic each config carries."""
     recorded = capacity["recorded_rps"]
     base = capacity.get("baseline_rps")
+    # Met every SLO at the ladder's highest rate (--max-speedup): the cliff is further up.
+    base_least = "at least " if capacity.get("baseline_lower_bound") else ""
+    win_least = "at least " if capacity.get("winner_lower_bound") else ""
     text = (
-        f"**Headroom: the baseline carries {_fmt(capacity.get('baseline_headroom'))}x your "
+        f"**Headroom: the baseline carries {base_least}{_fmt(capacity.get('baseline_headroom'))}x your "
         f"recorded traffic** ({_fmt(base)} req/s with every SLO met vs {_fmt(recorded)} req/s "
         f"recorded; {capacity.get('measured_on', 'held-out median')})"
     )
     if not kept_baseline and capacity.get("winner_rps") is not None:
         text = (
-            f"**Headroom: the exported config carries {_fmt(capacity.get('winner_headroom'))}x your "
+            f"**Headroom: the exported config carries {win_least}{_fmt(capacity.get('winner_headroom'))}x your "
             f"recorded traffic** ({_fmt(capacity['winner_rps'])} req/s with every SLO met vs "
             f"{_fmt(recorded)} req/s recorded; {capacity.get('measured_on', 'held-out median')}); "
             f"the baseline carries "
-            f"{_fmt(capacity.get('baseline_headroom'))}x ({_fmt(base)} req/s)"
+            f"{base_least}{_fmt(capacity.get('baseline_headroom'))}x ({_fmt(base)} req/s)"
         )
     return text + "."
 

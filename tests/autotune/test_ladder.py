@@ -105,6 +105,15 @@ def test_search_climbs_until_a_failure_then_bisects_to_the_resolution() -> None:
     assert floor.next_speedup() is None and floor.result(window()).capacity_rps == 0.0
 
 
+def test_a_config_passing_at_the_highest_rate_is_a_lower_bound() -> None:
+    capped = LadderSettings(growth=2.0, max_speedup=4.0)
+    assert _ladder(capped, [(1.0, True), (2.0, True)]).next_speedup() == 4.0  # not 8: the cap
+    done = _ladder(capped, [(1.0, True), (2.0, True), (4.0, True)])
+    assert done.next_speedup() is None
+    capacity = done.result(window())
+    assert capacity.capacity_speedup == 4.0 and not capacity.bracketed
+
+
 def test_a_step_passed_early_says_what_it_did_not_wait_for() -> None:
     """The reason of an early pass names the requests still running and those never sent (not
     yet due when the verdict was certain), so the step's counts add up to its requests."""

@@ -90,3 +90,15 @@ def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path) ->
     assert "accelerator time" in text
     for plot in ("history.png", "importances.png", "latency_cdf.png", "kv_cache.png"):
         assert f"]({plot})" in text and (tmp_path / plot).stat().st_size > 1000
+
+
+def test_a_headroom_the_ladder_capped_is_reported_as_a_lower_bound() -> None:
+    from autotune.decide.report import capacity_line
+
+    measured = {"recorded_rps": 4.0, "baseline_rps": 16.0, "baseline_headroom": 4.0,
+                "winner_rps": 32.0, "winner_headroom": 8.0}
+    assert "carries 4x your recorded traffic" in capacity_line(measured, kept_baseline=True)
+    capped = capacity_line({**measured, "baseline_lower_bound": True}, kept_baseline=True)
+    assert "the baseline carries at least 4x your recorded traffic" in capped
+    won = capacity_line({**measured, "winner_lower_bound": True}, kept_baseline=False)
+    assert "the exported config carries at least 8x" in won and "the baseline carries 4x" in won

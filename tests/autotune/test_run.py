@@ -75,6 +75,14 @@ def test_bad_time_budget_and_objective_are_named(tmp_path: Path, capsys) -> None
     assert code == 2 and "--objective 'latency'" in err
 
 
+def test_a_ladder_flag_out_of_range_is_named_with_its_value(tmp_path: Path, capsys) -> None:
+    code, err = run(capsys, "--max-speedup", "0", "--output-dir", str(tmp_path))
+    assert code == 2 and "--max-speedup 0.0: " in err and "\n" not in err
+    code, err = run(capsys, "--step-requests", "5", "--output-dir", str(tmp_path))
+    assert code == 2 and "--step-requests 5: " in err and "\n" not in err
+    assert not (tmp_path / "trials").exists()
+
+
 def test_windows_longer_than_the_trace_are_refused(tmp_path: Path, capsys) -> None:
     code, err = run(capsys, "--tuning-window", "500", "--holdout-window", "500", "--output-dir", str(tmp_path))
     assert code == 2 and "too short" in err
