@@ -217,6 +217,28 @@ class ForkServer:
             self._lock.notify_all()
 
 
+class ForkServers:
+    """The fork server for the environment servers start in now: started on first use, and
+    again when the environment changed (the old one is closed). A tuner owns one; a test
+    session may share one among its trial runners."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+        self._current: ForkServer | None = None
+
+    def for_environment(self, log_dir: Path) -> ForkServer:
+        """The fork server for `os.environ` (its import then runs while the caller prepares)."""
+        if self._current is None or not self._current.accepts(os.environ):
+            self.close()
+            self._current = ForkServer(self.python, stderr_path=log_dir / "forkserver.log")
+        return self._current
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            self._current = None
+
+
 class ForkedServer:
     """A server forked by a ForkServer, as much of `subprocess.Popen` as the launcher uses."""
 

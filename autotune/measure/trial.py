@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +26,7 @@ from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
-from autotune.measure.forkserver import ForkServer
+from autotune.measure.forkserver import ForkServer, ForkServers
 from autotune.measure.kv_cache import KVCacheSize, read_kv_cache
 from autotune.measure.ladder import (
     UNSCORED_RETRIES,
@@ -210,7 +209,7 @@ class TrialRunner:
         replay_workers: int | Literal["auto"] = "auto",
         server: TrialServer | None = None,
         cpu_split: CpuSplit | None = None,
-        preload_server: bool = False,
+        preload_server: bool | ForkServers = False,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -240,25 +239,21 @@ class TrialRunner:
         # The client (this thread, replay workers) and the server on separate CPUs, or shared.
         self.cpu_split = cpu_split
         # Our server forked from a process that imported vLLM once (autotune.measure.forkserver)
-        # instead of a fresh `python -m server` per trial; a fake command never is.
-        self.preload_server = preload_server and server_command is None and not self.server.is_vllm
-        self._forkserver: ForkServer | None = None
+        # instead of a fresh `python -m server` per trial; a fake command never is. Given
+        # ForkServers (shared, e.g. by a test session) are used and left open by close().
+        self.preload_server = bool(preload_server) and server_command is None and not self.server.is_vllm
+        self._shared_forkservers = isinstance(preload_server, ForkServers)
+        self._forkservers = preload_server if isinstance(preload_server, ForkServers) else ForkServers(python)
 
     def forkserver(self, log_dir: Path) -> ForkServer | None:
         """The fork server the next trial's server comes from (started now if there is none
         for this environment; its import then runs while the caller prepares), or None."""
-        if not self.preload_server:
-            return None
-        if self._forkserver is None or not self._forkserver.accepts(os.environ):
-            self.close()
-            self._forkserver = ForkServer(self.python, stderr_path=log_dir / "forkserver.log")
-        return self._forkserver
+        return self._forkservers.for_environment(log_dir) if self.preload_server else None
 
     def close(self) -> None:
-        """End the fork server, if any (it also ends by itself with this process)."""
-        if self._forkserver is not None:
-            self._forkserver.close()
-            self._forkserver = None
+        """End the fork server this runner started, if any (it also ends with this process)."""
+        if not self._shared_forkservers:
+            self._forkservers.close()
 
     def run(
         self,

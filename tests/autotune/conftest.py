@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.measure.forkserver import ForkServers
+
 BLOCK_TOKENS = 512
 LONGEST_PROMPT = 191_000
 
@@ -146,3 +148,12 @@ def write_conversation_trace(
 @pytest.fixture
 def conversation_trace() -> Callable[..., Path]:
     return write_conversation_trace
+
+
+@pytest.fixture(scope="session")
+def fork_servers() -> Iterator[ForkServers]:
+    """One fork server for the in-process trial runners of this pytest process (or xdist
+    worker): its import of vLLM (~10 s on 2 cores) is paid once, not per engine start."""
+    servers = ForkServers()
+    yield servers
+    servers.close()

@@ -41,14 +41,15 @@ def translation_like_window() -> Trace:
 
 
 @pytest.mark.engine(starts=1)  # its own: the trial launches and stops the server itself
-def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path) -> None:
+def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path, fork_servers) -> None:
     study_dir = tmp_path / "study"
     trial_dir = study_dir / "trial-0000"
     registry = study_dir / "servers.json"
     config = ServerConfig(
         engine={**default_engine_settings(), "max_num_seqs": 8}
     )
-    runner = TrialRunner(startup_timeout_s=240, stale_registry=registry)
+    # Forked from the session's fork server, as `autotune run` starts its trial servers.
+    runner = TrialRunner(startup_timeout_s=240, stale_registry=registry, preload_server=fork_servers)
 
     started = time.monotonic()
     outcome = runner.run(config, translation_like_window(), trial_dir)
