@@ -14,10 +14,10 @@ rewritten from it; without the option nothing is written. A scenario whose test 
 written as FAILED with what held before the failure.
 
 The `postgres` marker is set here from the fixture a test uses (`postgres_url`), so that a
-test cannot forget it. Under `pytest -n 2 --dist loadgroup` (make test) the tests of
+test cannot forget it. Under `pytest -n 3 --dist loadgroup` (make test) the tests of
 tests/server/ are one unit of work, run by one worker, so that the session's real server
 (tests/server/conftest.py) is started once and used by one test at a time; the other tests
-are spread over both workers. (xdist's own `xdist_group` marker does nothing under pytest
+are spread over the workers. (xdist's own `xdist_group` marker does nothing under pytest
 9.2: the scheduler here groups by folder instead.) Tests marked `engine` are collected
 first, those that start the most engines first, so that the two workers start them at once
 and the short tests fill the gaps.
@@ -299,10 +299,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "postgres_url" in fixtures:
             item.add_marker(pytest.mark.postgres)
     # The session server's tests first, then the other engine tests, the most engine starts
-    # first, then the slow tests, then everything else; pytest's order within each (the sort
-    # is stable): the longest units start first, and short ones fill the gaps at the end.
-    items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item),
-                                 item.get_closest_marker("slow") is None))
+    # first, then everything else; pytest's order within each (the sort is stable).
+    # (Slow tests first among the rest measured no faster: 244 against 264 s on 2 workers,
+    # 213 against 210 s on 3, 2026-11-27.)
+    items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
