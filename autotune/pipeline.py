@@ -248,6 +248,7 @@ def capacity_figures(
         source = "tuning window, the baseline's search trial (no gate ran)"
     else:
         return None
+
     def at_cap(rps: float) -> bool:
         """The ladder met every SLO at its highest rate (--max-speedup): a lower bound."""
         return recorded > 0 and rps / recorded >= plan.ladder.max_speedup * (1 - 1e-6)
