@@ -242,8 +242,8 @@ class TrialRunner:
         # instead of a fresh `python -m server` per trial; a fake command never is. Given
         # ForkServers (shared, e.g. by a test session) are used and left open by close().
         self.preload_server = bool(preload_server) and server_command is None and not self.server.is_vllm
-        self._shared_forkservers = isinstance(preload_server, ForkServers)
-        self._forkservers = preload_server if isinstance(preload_server, ForkServers) else ForkServers(python)
+        self._given_forkservers = preload_server if isinstance(preload_server, ForkServers) else None
+        self._forkservers = self._given_forkservers or ForkServers(python)
 
     def forkserver(self, log_dir: Path) -> ForkServer | None:
         """The fork server the next trial's server comes from (started now if there is none
@@ -252,7 +252,7 @@ class TrialRunner:
 
     def close(self) -> None:
         """End the fork server this runner started, if any (it also ends with this process)."""
-        if not self._shared_forkservers:
+        if self._given_forkservers is None:
             self._forkservers.close()
 
     def run(
