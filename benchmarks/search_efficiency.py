@@ -32,7 +32,9 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
    best, as a share of the grid's cost, and the issue's done-when.
    A table with TABLE/repeats.json (other tables that measured some of its configs again) is
    replayed pooled: a launch draws one of the config's recorded launches, and a config's value
-   is the median of its launches (`pooled`, `RepeatsFile`).
+   is the median of its launches (`pooled`, `RepeatsFile`). Points whose `max_num_seqs` never
+   bound in any ladder step are one scheduler config at that traffic: ours is also judged with
+   them pooled (`one_scheduler_config`; `--as-one` judges every strategy so).
 
     .venv/bin/python benchmarks/search_efficiency.py measure [--objective capacity|goodput] [--table DIR]
     .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ...] [--seeds 20]
@@ -257,6 +259,76 @@ def pooled(table: Table, repeats: Sequence[Table]) -> Table:
             "score": score, "feasible": score > 0, "wall_s": float(np.mean([p.wall_s for p in runs])),
             "launches": runs}))
     return table.model_copy(update={"points": points})
+
+
+class SchedulerClass(BaseModel):
+    """Grid points judged as one scheduler config (`one_scheduler_config`)."""
+
+    labels: list[str]
+    batched: int
+    smallest_cap: int
+    peak_running: float  # the most requests any ladder step of any of their launches ran at once
+    launches: int
+    score: float  # the median of every launch
+
+
+def cap_idle(ladder: Any, seqs: int) -> bool:
+    """Whether a `max_num_seqs` of `seqs` never limited this launch's ladder
+    (autotune.measure.ladder.CapacityResult): in every step, scored or not, at most half the cap
+    ran at once (the running gauge is sampled between scrapes: the margin covers what the samples
+    missed), nothing was preempted and the KV cache stayed under 90% full. False where a step
+    lacks the server's metrics."""
+    steps = [*ladder.steps, *ladder.unscored]
+    return bool(steps) and all(
+        step.server is not None and step.server.num_running_max is not None
+        and step.server.num_running_max <= 0.5 * seqs and not (step.server.preemptions or 0)
+        and (step.server.kv_cache_usage_max or 0.0) < 0.9
+        for step in steps)
+
+
+def launch_capacity(point: Point):
+    """A launch's capacity ladder (autotune.measure.ladder.CapacityResult), None when its
+    outcome is not at hand."""
+    from autotune.measure.trial import TrialOutcome
+
+    path = point.outcome_path()
+    return TrialOutcome.model_validate_json(path.read_text()).capacity if path.exists() else None
+
+
+def one_scheduler_config(table: Table) -> tuple[Table, list[SchedulerClass]]:
+    """The table with the points that ran as one scheduler config judged as one.
+
+    Points with the same batched-token budget whose `max_num_seqs` never bound in any ladder
+    step of any of their launches (`cap_idle` at each point's own cap: at most half the cap
+    running, no preemption, the KV cache under 90% full) each made the
+    decisions the scheduler makes with no cap at the loads they were offered, so their launches
+    are draws of one config: each such point's value becomes the median of all their launches,
+    and a launch of any of them draws from all of them. The cap also sizes vLLM's CUDA-graph
+    capture list (batches up to twice it, at most 512) and the memory profile; the decode batches
+    of such points (at most half the smallest cap) are captured under every cap, and the KV cache
+    never filled. Points whose launches lack their ladders are left as they are."""
+    groups: dict[int, list[Point]] = {}
+    peaks: dict[tuple[int, int], float] = {}
+    for point in table.points:
+        ladders = [launch_capacity(run) for run in (point.launches or [point])]
+        if not point.feasible or any(ladder is None or not cap_idle(ladder, point.key[0]) for ladder in ladders):
+            continue
+        peaks[point.key] = max(s.server.num_running_max for ladder in ladders for s in [*ladder.steps, *ladder.unscored])
+        groups.setdefault(point.key[1], []).append(point)
+    classes: list[SchedulerClass] = []
+    merged: dict[tuple[int, int], Point] = {}
+    for batched, members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        runs = [run for point in members for run in (point.launches or [point])]
+        score = float(np.median([run.score if run.feasible else 0.0 for run in runs]))
+        classes.append(SchedulerClass(
+            labels=[p.label for p in members], batched=batched, smallest_cap=min(p.key[0] for p in members),
+            peak_running=max(peaks[p.key] for p in members), launches=len(runs), score=score))
+        for point in members:
+            merged[point.key] = point.model_copy(update={"score": score, "feasible": score > 0, "launches": runs})
+    points = [merged.get(p.key, p) for p in table.points]
+    return table.model_copy(update={"points": points}), classes
 
 
 def check_powers_of_two(settings: dict[str, Any]) -> None:
@@ -721,8 +793,16 @@ class Replay:
 
 
 def draw(point: Point, rng: np.random.Generator) -> Point:
-    """One launch of a config: a pooled point's launches at random, else the point itself."""
-    return point.launches[int(rng.integers(len(point.launches)))] if point.launches else point
+    """One launch of a config: a pooled point's launches at random, else the point itself. A
+    launch recorded for another point of its scheduler config answers as this point's."""
+    if not point.launches:
+        return point
+    launch = point.launches[int(rng.integers(len(point.launches)))]
+    if launch.key == point.key:
+        return launch
+    return launch.model_copy(update={"label": point.label, "max_num_seqs": point.max_num_seqs,
+                                     "max_num_batched_tokens": point.max_num_batched_tokens,
+                                     "effective": point.effective, "baseline": point.baseline})
 
 
 def replay_space(table: Table):
@@ -874,13 +954,18 @@ def done_when(summary: dict[str, Any]) -> dict[str, Any]:
             "seeds_needed": needed, "seeds_met": within >= needed, "met": median_met and within >= needed}
 
 
-def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_trials: int) -> dict[str, Any]:
+def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_trials: int, *,
+                 as_one: bool = False) -> dict[str, Any]:
     """Every strategy over one table for every seed; a table with repeats.json over its pooled
-    launches."""
+    launches. Where points ran as one scheduler config (`one_scheduler_config`), ours at its
+    defaults is also judged the other way: with them judged as one, or (`as_one`: every strategy
+    judged so) each on its own launches."""
     missing = table.missing()
     if missing:
         raise SystemExit(f"the table lacks {len(missing)} grid points (e.g. {missing[0]}); run `measure` first")
     table = pooled(table, load_repeats(table, table_dir))
+    merged, classes = one_scheduler_config(table)
+    table, other = (merged, table) if as_one else (table, merged)
     truth = {p.key: p.score for p in table.points}
     replay = Replay.of(table, table_dir)
     grid = table.grid_points()
@@ -915,8 +1000,20 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
             f"{t:g}x: {results[name][f'{t:g}']['seeds_reaching']}/{len(seeds)} seeds, median share "
             f"{fmt(results[name][f'{t:g}']['median_share_all_seeds'])}" for t in TARGETS))
     ours = next(iter(results))
+    judged_otherwise = None
+    if classes:
+        other_best = max(p.score for p in other.grid_points() if p.feasible)
+        launched = [run_study(Replay.of(other, table_dir), seed, default_trials) for seed in seeds]
+        runs = [Run.of(points, truth={p.key: p.score for p in other.points}) for points in launched]
+        judged_otherwise = {**done_when(summarize(runs, other_best, grid_cost)), "grid_best": other_best,
+                            "judge": "per config" if as_one else "as one scheduler config"}
+        say(f"  {ours}, judged {judged_otherwise['judge']}: median share {fmt(judged_otherwise['median_share'])}, "
+            f"{judged_otherwise['seeds_within']}/{len(seeds)} seeds within {COST_GOAL:.0%}")
     base = table.baseline_point()
     return {
+        "scheduler_classes": [c.model_dump() for c in classes],
+        "judged_as_one": as_one,
+        "done_when_judged_otherwise": judged_otherwise,
         "least_share_baseline_first": least_share_baseline_first(table, grid_best, grid_cost),
         "objective": table.objective,
         "settings": table.settings,
@@ -979,7 +1076,7 @@ def replay(args: argparse.Namespace) -> int:
     for table_dir in args.tables:
         say(f"replaying {table_dir}")
         grids[relative_dir(Path(table_dir))] = replay_table(load_table(Path(table_dir)), Path(table_dir), seeds,
-                                                               DEFAULT_TRIALS)
+                                                               DEFAULT_TRIALS, as_one=args.as_one)
     goals = []
     for name, grid in grids.items():
         done = grid["done_when"]
@@ -1045,7 +1142,15 @@ def replay(args: argparse.Namespace) -> int:
         "(results/h100-2026-11-23c/long-prompts/seqs-repeats-2026-11-26) reshuffled their order "
         "(256 sequences, a best point of that grid at 14.0, measured 13.2 and 14.0; 512, at 13.2 in "
         "the grid, 14.0 and 14.8), and a second launch of 1024/1024 on 2026-11-23 (grid-repeat) "
-        "measured 10.6 against the grid's 13.2.",
+        "measured 10.6 against the grid's 13.2. Two more repeats on another H100 on 2026-11-27 "
+        "(results/h100-2026-11-23c/long-prompts/seqs-repeats-2026-11-27) measured the four counts at "
+        "10.3-14.0: over their 21 launches every count spans at least 2.3 req/s (17%), wider than "
+        "the one ladder step (6%) between the per-config medians the goal tells apart.",
+        "Judged as one scheduler config (the line under each done-when): grid points at one batched "
+        "budget whose max_num_seqs never bound (in every ladder step of every launch at most half the "
+        "cap ran at once, nothing was preempted, the KV cache stayed under 90%) made the decisions "
+        "vLLM's scheduler makes with no cap, so their launches are pooled into one value and a "
+        "launch of any of them draws from all of them.",
         "The CPU capacity grid was measured on this shared 2-core machine, where the replayer and the "
         "engine share the cores with other work: every ladder step's client ran late (send-lag p99 in "
         "the grid's section) and TTFT broke first at every point. Launches of one config vary by far "
@@ -1120,6 +1225,16 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
         ties = [p["label"] for p in grid["table"] if p["feasible"] and p["score"] >= g["best_score"]]
         lines += ["", f"Grid: {g['points']} points, {g['feasible_points']} feasible, best {g['best_score']:.3g} "
                       f"req/s ({', '.join(ties)}), cost {g['cost_s']:.0f} s ({g['cost_s'] / 60:.1f} min)."]
+        for group in grid.get("scheduler_classes") or []:
+            lines += ["", f"**One scheduler config:** {', '.join(group['labels'])} (batched {group['batched']}): in "
+                          f"every ladder step of their {group['launches']} launches at most half of the point's own "
+                          f"cap ran at once (the most: {group['peak_running']:g}; the smallest cap "
+                          f"{group['smallest_cap']}), nothing was preempted and the KV cache stayed under 90%; "
+                          f"judged as one config, the median of all {group['launches']} launches: "
+                          f"{group['score']:.3g} req/s, and a launch of one of them draws from all of them"
+                          + (")." if grid.get("judged_as_one") else
+                             " (the last line of this section; every table here judges each point on its "
+                             "own launches).")]
         for earlier in grid["settings"].get("extended", []):
             later = sorted(p["measured_at"] for p in grid["table"] if p["measured_at"] > earlier["last_measured_at"])
             lines += ["", f"Measured in parts: {earlier['points']} points on the grid {axes(earlier['grid'])} "
@@ -1179,6 +1294,12 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
                       f"{median} "
                       f"(goal <= {COST_GOAL:g}); {done['seeds_within']}/{seeds} seeds within {COST_GOAL:.0%} "
                       f"(goal >= {done['seeds_needed']}): **{'met' if done['met'] else 'not met'}**.", ""]
+        other = grid.get("done_when_judged_otherwise")
+        if other:
+            median = "never" if other["median_share"] is None else f"{other['median_share']:.2f}"
+            lines += [f"The same done-when for ours, judged {other['judge']} (the grid's best "
+                      f"{other['grid_best']:.3g} req/s): median share {median}, {other['seeds_within']}/{seeds} "
+                      f"seeds within {COST_GOAL:.0%}: **{'met' if other['met'] else 'not met'}**.", ""]
     return "\n".join(lines)
 
 
@@ -1253,6 +1374,9 @@ def main() -> int:
                                help="a measured table folder, repeatable (default: every committed one)")
     replay_parser.add_argument("--quick", action="store_true", help="the quick tables in /tmp, 5 seeds")
     replay_parser.add_argument("--seeds", type=int, default=None, help="default 20 (quick 5)")
+    replay_parser.add_argument("--as-one", action="store_true",
+                               help="judge every strategy with the points that ran as one scheduler config "
+                                    "judged as one (default: each point on its own launches)")
     args = parser.parse_args()
     if args.command == "measure":
         quick_or_full = (QUICK_SEQS, QUICK_BATCHED) if args.quick else (

@@ -376,3 +376,53 @@ def test_a_repeat_measured_otherwise_or_elsewhere_is_named(bench, table, tmp_pat
     repeats.write_text(json.dumps({"table": ["../stray"]}))
     with pytest.raises(SystemExit, match=r"grid/repeats.json: tables: Field required"):
         bench.load_repeats(table, folder)
+
+
+def idle_ladder(rps: float, running: float, **server: Any) -> CapacityResult:
+    """`ladder(rps)` with every step's server metrics saying at most `running` requests ran."""
+    measured = ladder(rps)
+    metrics = ServerMetrics(num_waiting_max=0, num_running_max=running, **server)
+    return measured.model_copy(update={"steps": [s.model_copy(update={"server": metrics}) for s in measured.steps]})
+
+
+def rewrite_ladder(table: Any, key: tuple[int, int], measured: CapacityResult) -> None:
+    point = table.by_key()[key]
+    outcome = TrialOutcome(ok=True, trial_dir=point.trial_dir, capacity=measured)
+    point.outcome_path().write_text(outcome.model_dump_json())
+
+
+def test_points_whose_sequence_cap_never_bound_are_judged_as_one_scheduler_config(bench, table, tmp_path) -> None:
+    # 8 and 16 sequences at 1024 tokens (5 and 8 req/s): no step ran more than 3 at once, under
+    # half of either cap. 4 sequences at 1024 ran 3, over half its cap: the cap may have bound.
+    for seqs, rps in ((8, 5.0), (16, 8.0), (4, 2.0)):
+        rewrite_ladder(table, (seqs, 1024), idle_ladder(rps, 3))
+    merged, classes = bench.one_scheduler_config(table)
+    assert [(c.labels, c.batched, c.smallest_cap, c.peak_running, c.launches, c.score) for c in classes] == [
+        (["s8-b1024", "s16-b1024"], 1024, 8, 3.0, 2, 6.5)]
+    points = merged.by_key()
+    assert points[(8, 1024)].score == points[(16, 1024)].score == 6.5
+    assert points[(4, 1024)].score == 2.0 and points[(16, 512)].score == 10.0  # left as they were
+    # A launch of either answers with one of both launches, under its own name.
+    runner = bench.TableRunner(merged, bench.VirtualClock(), DEFAULTS, seed=0)
+    from server.config import ServerConfig
+
+    config = ServerConfig(engine={"model": "tiny", "max_num_seqs": 8, "max_num_batched_tokens": 1024})
+    seen = {runner.run(config, None, tmp_path / f"t{i}").capacity.capacity_rps for i in range(20)}
+    assert seen == {5.0, 8.0} and {p.label for p in runner.calls} == {"s8-b1024"}
+    # The replay judges every strategy per config and says what ours would be judged as one.
+    result = bench.replay_table(table, tmp_path / "grid", seeds=[0, 1], default_trials=6)
+    assert result["done_when_judged_otherwise"]["judge"] == "as one scheduler config"
+    assert {p["label"]: p["score"] for p in result["table"]}["s8-b1024"] == 5.0
+    report = bench.tables({"grid": result}, 2)
+    assert "**One scheduler config:** s8-b1024, s16-b1024 (batched 1024)" in report
+    assert "The same done-when for ours, judged as one scheduler config" in report
+    as_one = bench.replay_table(table, tmp_path / "grid", seeds=[0, 1], default_trials=6, as_one=True)
+    assert {p["label"]: p["score"] for p in as_one["table"]}["s8-b1024"] == 6.5
+    assert as_one["done_when_judged_otherwise"]["judge"] == "per config"
+
+
+def test_a_preemption_a_full_kv_cache_or_a_missing_metric_keeps_points_apart(bench, table) -> None:
+    rewrite_ladder(table, (16, 1024), idle_ladder(8.0, 3))
+    for other in (idle_ladder(5.0, 3, preemptions=2), idle_ladder(5.0, 3, kv_cache_usage_max=0.95), ladder(5.0)):
+        rewrite_ladder(table, (8, 1024), other)
+        assert bench.one_scheduler_config(table)[1] == []
