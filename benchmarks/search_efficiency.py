@@ -1230,11 +1230,10 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
                           f"every ladder step of their {group['launches']} launches at most half of the point's own "
                           f"cap ran at once (the most: {group['peak_running']:g}; the smallest cap "
                           f"{group['smallest_cap']}), nothing was preempted and the KV cache stayed under 90%; "
-                          f"judged as one config, the median of all {group['launches']} launches: "
+                          f"judged as one config, its value is the median of all {group['launches']} launches, "
                           f"{group['score']:.3g} req/s, and a launch of one of them draws from all of them"
-                          + (")." if grid.get("judged_as_one") else
-                             " (the last line of this section; every table here judges each point on its "
-                             "own launches).")]
+                          + ("." if grid.get("judged_as_one") else
+                             " (the line after the done-when; the tables judge each point on its own launches).")]
         for earlier in grid["settings"].get("extended", []):
             later = sorted(p["measured_at"] for p in grid["table"] if p["measured_at"] > earlier["last_measured_at"])
             lines += ["", f"Measured in parts: {earlier['points']} points on the grid {axes(earlier['grid'])} "
