@@ -92,18 +92,20 @@ def test_the_server_and_the_processes_it_starts_yield_the_cpu_to_the_load_client
         server.stop()
 
 
-@pytest.mark.slow  # a server holding 1 GiB, up to three times
+@pytest.mark.slow  # a server holding 3 GiB, up to three times
 def test_stop_sees_the_servers_memory_come_back(tmp_path: Path) -> None:
-    config = behaviour_file(tmp_path, allocate_mib=1024, spawn_child=True)
+    config = behaviour_file(tmp_path, allocate_mib=3072, spawn_child=True)
     # Available memory is a machine-wide reading: what other processes gain in resident
     # memory meanwhile is counted back (next test), but not page cache or kernel memory, so a
     # busy machine still gets three attempts; a server that really kept its memory fails all.
+    # On a fresh clone's run beside two other test workers, a 1 GiB server's recovery was read
+    # ~430 MiB short three times running (2026-11-27): 3 GiB held against a 1 GiB tolerance
+    # leaves room for that noise and still needs two thirds of the memory back.
     reports = []
     for attempt in range(3):
         server = launcher(tmp_path).start(config, tmp_path / f"server-{attempt}.log")
-        # The tolerance is well below what the server held: "recovered" needs most of the GiB.
-        report = server.stop(memory_tolerance_bytes=300 * 2**20)
-        assert 1024 <= report.memory_held_mib < 1300
+        report = server.stop(memory_tolerance_bytes=1024 * 2**20)
+        assert 3072 <= report.memory_held_mib < 3400
         assert report.leftover_pids == []
         reports.append(report)
         if report.memory_recovered:
