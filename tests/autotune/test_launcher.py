@@ -103,7 +103,8 @@ def test_stop_sees_the_servers_memory_come_back(tmp_path: Path) -> None:
     # leaves room for that noise and still needs two thirds of the memory back.
     reports = []
     for attempt in range(3):
-        server = launcher(tmp_path).start(config, tmp_path / f"server-{attempt}.log")
+        # Touching 3 GiB takes a loaded 2-core machine a while: the wait is for /health, not a race.
+        server = launcher(tmp_path, startup_timeout_s=60.0).start(config, tmp_path / f"server-{attempt}.log")
         report = server.stop(memory_tolerance_bytes=1024 * 2**20)
         assert 3072 <= report.memory_held_mib < 3400
         assert report.leftover_pids == []
