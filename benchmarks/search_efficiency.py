@@ -1003,7 +1003,8 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
     judged_otherwise = None
     if classes:
         other_best = max(p.score for p in other.grid_points() if p.feasible)
-        launched = [run_study(Replay.of(other, table_dir), seed, default_trials) for seed in seeds]
+        other_replay = dataclasses.replace(replay, table=other)  # the same trace window, not read again
+        launched = [run_study(other_replay, seed, default_trials) for seed in seeds]
         runs = [Run.of(points, truth={p.key: p.score for p in other.points}) for points in launched]
         judged_otherwise = {**done_when(summarize(runs, other_best, grid_cost)), "grid_best": other_best,
                             "judge": "per config" if as_one else "as one scheduler config"}

@@ -60,7 +60,7 @@ def main() -> int:
         print(f"child pid {child.pid}", flush=True)
 
     ballast = bytearray(behaviour.get("allocate_mib", 0) * 2**20)
-    pages = len(ballast[::4096])
+    pages = -(-len(ballast) // 4096)
     ballast[::4096] = b"\x01" * pages  # touch every page so it is really resident, in one C loop
     ready_after = behaviour.get("ready_after_s", 0)
     metrics_file = behaviour.get("metrics_file")
