@@ -381,8 +381,15 @@ class TrialRunner:
                                  server.cpu_reading)
         sampler.start()
         started = time.monotonic()
+
+        def stop_if(elapsed: float, summary: ReplaySummary) -> bool:
+            # A dead server fails every request still due: the rest of the window tells nothing.
+            if not server.alive():
+                return True
+            return should_prune is not None and bool(should_prune(elapsed, summary))
+
         try:
-            trial.result = await self._replay(window, server.url, options, on_progress=should_prune)
+            trial.result = await self._replay(window, server.url, options, on_progress=stop_if)
         finally:
             trial.measure_s = (trial.measure_s or 0.0) + time.monotonic() - started
             timeline = await sampler.stop()

@@ -144,12 +144,16 @@ def test_server_dying_in_the_window_is_a_crash_with_its_last_words(
     trial_dir = tmp_path / "trial-0002"
     message = "RuntimeError: EngineCore died unexpectedly"
     # 2 warm-up requests, then 3 of the window, then the process exits.
-    outcome = runner(tmp_path, die_after=5, message=message).run(config, window(), trial_dir)
+    long_window = window(n=200, spacing_ms=100.0)  # 20 s if sent to the end
+    outcome = runner(tmp_path, die_after=5, message=message).run(config, long_window, trial_dir)
     assert outcome.failure == "crash"
     assert "during the window" in outcome.failure_detail
     assert message in outcome.failure_detail
     assert server_pids(trial_dir) == []
     assert_outcome_file_matches(outcome, trial_dir)
+    # The window ended with the server: most of its requests were never sent to a dead port.
+    records = (trial_dir / "requests.jsonl").read_text().splitlines()
+    assert 3 <= len(records) < len(long_window) / 2
 
 
 @pytest.mark.slow
