@@ -9,12 +9,11 @@ WORKLOAD ?= workloads/samples/translation_trace.jsonl
 # Set up once: scripts/setup.sh runs again only when .venv is missing or older than what it
 # installs from (delete .venv, or `make setup-force`, to reinstall from scratch).
 STAMP := .venv/.autotune-setup-done
-# Three pytest workers on this 2-core machine for the tests without an engine: they wait (fake
-# servers, replayed windows, signals) more than they compute. Two kept 0.93 of a core busy, and
-# the phase took 264 / 210 / 201 s with 2 / 3 / 4 workers (2026-11-27, one run each). The engine
-# and PostgreSQL tests then run one at a time: they are CPU-bound. Two at a time, beside the
-# others on 4 workers, the whole suite took 15.6 min against 15.9 in two phases: no gain, and the
-# retune end-to-end test took 479 s against 73 s.
+# One pytest run on three workers (tests/conftest.py): one worker runs the engine lane (every
+# test marked `engine` or `postgres`, one at a time: they are CPU-bound), the other two every
+# other test beside it; they wait (fake servers, replayed windows, signals) more than they
+# compute, and the lane alone kept 2 cores only 61% busy. Measured on this 2-core VM (2026-11-27,
+# one run each): two phases, 3 workers then the lane, 190 + 612 s; one run, 3 workers, 691 s.
 WORKERS ?= 3
 LINT := $(PY) -m ruff check autotune server workloads tests benchmarks scripts
 
@@ -38,8 +37,7 @@ lint: setup
 
 test: setup
 	$(LINT)
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup -m "not engine and not postgres"
-	$(PY) -m pytest -q -m "engine or postgres"
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup
 
 test-fast: setup
 	$(PY) -m pytest -q -n $(WORKERS) -m "not engine and not postgres and not slow"

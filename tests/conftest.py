@@ -14,13 +14,17 @@ rewritten from it; without the option nothing is written. A scenario whose test 
 written as FAILED with what held before the failure.
 
 The `postgres` marker is set here from the fixture a test uses (`postgres_url`), so that a
-test cannot forget it. Under `pytest -n 3 --dist loadgroup` (make test) the tests of
-tests/server/ are one unit of work, run by one worker, so that the session's real server
-(tests/server/conftest.py) is started once and used by one test at a time; the other tests
-are spread over the workers. (xdist's own `xdist_group` marker does nothing under pytest
-9.2: the scheduler here groups by folder instead.) Tests marked `engine` are collected
-first, those that start the most engines first, so that the two workers start them at once
-and the short tests fill the gaps.
+test cannot forget it. Under `pytest -n 3 --dist loadgroup` (make test) every test marked
+`engine` or `postgres` is one unit of work, the engine lane: one worker runs them one at a
+time (they are CPU-bound, and two at once on 2 cores slowed the retune test from 73 to 479 s),
+the session's real server (tests/server/conftest.py) started once, while the other workers run
+every other test beside it. The engine lane kept 2 cores only 61% busy on its own, so the tests
+without an engine fill its gaps. (xdist's own `xdist_group` marker does nothing under pytest
+9.2: the workers write the lane's node ids to a file the scheduler reads.) Tests marked
+`engine` are collected first, the session server's first, then those that start the most
+engines, and last those marked `engine(load_sensitive=True)`: their duration grows most with
+the other tests beside them (the retune test's one-sequence windows drained in 178 s against 73
+s alone), so they run once the tests without an engine are done.
 
 Every test runs with a high client-lag limit in the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`,
 the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
@@ -244,8 +248,8 @@ _FACTS = pytest.StashKey[tuple[str, str | None]]()
 _START_METHOD = pytest.StashKey[str | None]()
 
 
-# Every test under this folder runs on one pytest-xdist worker (see the module docstring).
-SERVER_TESTS = "tests/server/"
+ENGINE_LANE = "engine lane"  # the scheduler's unit of work for the engine and PostgreSQL tests
+LANE_FILE_ENV = "AUTOTUNE_TEST_ENGINE_LANE"  # where the workers write that lane's node ids
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -270,6 +274,7 @@ def pytest_configure(config: pytest.Config) -> None:
         facts = tempfile.mkdtemp(prefix="vllm-autotune-facts-")
         config.stash[_FACTS] = (facts, os.environ.get(CACHE_DIR_ENV))
         os.environ[CACHE_DIR_ENV] = facts
+        os.environ[LANE_FILE_ENV] = os.path.join(facts, "engine-lane.txt")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -278,6 +283,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     facts, before = made
     shutil.rmtree(facts, ignore_errors=True)
+    os.environ.pop(LANE_FILE_ENV, None)
     if before is None:
         os.environ.pop(CACHE_DIR_ENV, None)
     else:
@@ -290,8 +296,18 @@ def engine_starts(item: pytest.Item) -> int:
     return 0 if marker is None else int(marker.kwargs.get("starts", 1))
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def load_sensitive(item: pytest.Item) -> bool:
+    """`@pytest.mark.engine(load_sensitive=True)`: best run once the lane has the CPUs to itself."""
+    marker = item.get_closest_marker("engine")
+    return marker is not None and bool(marker.kwargs.get("load_sensitive", False))
+
+
+def in_engine_lane(item: pytest.Item) -> bool:
+    return item.get_closest_marker("engine") is not None or item.get_closest_marker("postgres") is not None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "reliability" in fixtures:
@@ -299,22 +315,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "postgres_url" in fixtures:
             item.add_marker(pytest.mark.postgres)
     # The session server's tests first, then the other engine tests, the most engine starts
-    # first, then everything else; pytest's order within each (the sort is stable).
-    items.sort(key=lambda item: ("server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
+    # first, the load-sensitive ones last, then everything else; pytest's order within each
+    # (the sort is stable).
+    items.sort(key=lambda item: (not in_engine_lane(item), load_sensitive(item),
+                                 "server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
+    lane_file = os.environ.get(LANE_FILE_ENV)
+    if hasattr(config, "workerinput") and lane_file:  # every worker collects the same: last one wins
+        write_text_atomic(lane_file, "".join(f"{item.nodeid}\n" for item in items if in_engine_lane(item)))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`--dist loadgroup`: tests/server/ is one unit of work; every other test is its own."""
+    """`--dist loadgroup`: the engine lane is one unit of work; every other test is its own."""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class FolderGroups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return SERVER_TESTS if nodeid.startswith(SERVER_TESTS) else nodeid
+    class EngineLane(LoadScopeScheduling):
+        lane: frozenset[str] | None = None
 
-    return FolderGroups(config, log)
+        def _split_scope(self, nodeid: str) -> str:
+            if self.lane is None:  # read once every worker has collected (xdist schedules then)
+                self.lane = frozenset(Path(os.environ[LANE_FILE_ENV]).read_text().splitlines())
+            return ENGINE_LANE if nodeid in self.lane else nodeid
+
+    return EngineLane(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
