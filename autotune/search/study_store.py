@@ -132,7 +132,7 @@ def check_sqlite_database(url: str) -> None:
             rows = db.execute("PRAGMA quick_check").fetchall()
             problems = [row[0].decode("utf-8", "replace") for row in rows]
             if problems == ["ok"]:
-                problems = _damaged_json(db) or problems
+                problems = _undecodable_text(db) or _damaged_json(db) or problems
     except sqlite3.OperationalError as error:
         if "locked" in str(error) or "busy" in str(error):
             return  # in use by another process, not damaged; opening it will tell
@@ -155,6 +155,24 @@ _JSON_COLUMNS = (
     ("study_system_attributes", "value_json"),
     ("trial_params", "distribution_json"),
 )
+
+
+def _undecodable_text(db: sqlite3.Connection) -> list[str]:
+    """The first text value of any table that is not UTF-8, as a problem line: a byte
+    overwritten inside an attribute's key passes SQLite's page checks, and Optuna's load then
+    failed with SQLAlchemy's "Could not decode to UTF-8" (a traceback, found by hypothesis)."""
+    tables = [row[0].decode() for row in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    for table in tables:
+        columns = [row[1].decode() for row in db.execute(f"PRAGMA table_info(\"{table}\")")]
+        for column in columns:
+            query = f'SELECT rowid, "{column}" FROM "{table}" WHERE typeof("{column}") = \'text\''  # noqa: S608 - names from the schema
+            for rowid, raw in db.execute(query):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return [f"{table}.{column} of row {rowid} is not UTF-8 text"]
+    return []
 
 
 def _damaged_json(db: sqlite3.Connection) -> list[str]:
