@@ -26,6 +26,13 @@ engine start and ladder seconds.
 
 The window: the first `--window-s` seconds of the trace's most representative window
 (`select_windows`, as `autotune run --tuning-window` picks it).
+
+`--ladders K` (K > 1, HTTP columns): each launch runs the ladder K times back to back on the
+same server, each with fresh prompt tokens, hinted at `--start-speedup` (finer steps from there,
+as the search grids' points ran from the baseline's capacity), so that the spread of a
+config's capacity within one launch can be set against the spread between launches (issue 18:
+is a launch's capacity noisy because of the launch, or because of the ladder's measurement?).
+Every ladder is a row; `ladder-K.json` in the launch's folder keeps its steps.
 Results: results/benchmarks/{name}.{json,md}; every launch's folder (server log, ladder
 steps, per-request records) under results/benchmarks/{name}-runs/.
 """
@@ -52,6 +59,7 @@ from autotune.measure.trial import TrialRunner
 from autotune.plan import TuningRequest
 from autotune.prepare import load_baseline
 from server.config import ServerConfig
+from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions
 from workloads.slo import parse_slos
 from workloads.trace_io import load_trace, write_trace
@@ -115,6 +123,49 @@ def in_process(config: ServerConfig, window_path: Path, settings: LadderSettings
                          f"see {run_dir / 'ladder.log'}")
     data = json.loads(out.read_text())
     return CapacityResult.model_validate(data["capacity"]), data["ready_s"], data["ladder_s"]
+
+
+class RepeatedLadders(TrialRunner):
+    """A TrialRunner whose launch runs the ladder `ladders` times back to back; each ladder's
+    result is kept in `capacities` and written to the trial folder as `ladder-K.json`."""
+
+    def __init__(self, ladders: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ladders = ladders
+        self.capacities: list[CapacityResult] = []
+
+    async def _measure_ladder(self, trial: Any, window: Any, start_speedup: float | None) -> None:
+        base = self.replay
+        try:
+            for index in range(self.ladders):
+                # Prompt seeds far from the previous ladder's: nothing it left cached can hit.
+                self.replay = dataclasses.replace(base, prompts=PromptFactory(seed=1000 * index))
+                await super()._measure_ladder(trial, window, start_speedup)
+                self.capacities.append(trial.capacity)
+                (trial.dir / f"ladder-{index + 1}.json").write_text(trial.capacity.model_dump_json(indent=1))
+                say(f"    ladder {index + 1} of {self.ladders}: {trial.capacity.describe()}")
+        finally:
+            self.replay = base
+
+
+def within_and_between(rows: list[dict[str, Any]]) -> list[str]:
+    """Per column with several ladders per launch: the spread within each launch and that of
+    the launches' medians ((max - min) / median)."""
+    lines: list[str] = []
+    columns = sorted({r["column"] for r in rows if r.get("ladder")})
+    for column in columns:
+        launches: dict[int, list[float]] = {}
+        for row in rows:
+            if row["column"] == column and row.get("ladder") and row["capacity_rps"] is not None:
+                launches.setdefault(row["round"], []).append(row["capacity_rps"])
+        within = {k: spread(v) for k, v in launches.items()}
+        medians = [w["median"] for w in within.values()]
+        rel = lambda values: (max(values) - min(values)) / spread(values)["median"] if values else None  # noqa: E731
+        lines.append(f"- {column}: within each launch (range / median) "
+                     + ", ".join(f"launch {k}: {fmt(rel(v))} ({', '.join(fmt(x) for x in v)})" for k, v in launches.items())
+                     + f"; between the launches' medians ({', '.join(fmt(m) for m in medians)}): {fmt(rel(medians))}; "
+                     f"all {sum(len(v) for v in launches.values())} ladders: {fmt(rel([x for v in launches.values() for x in v]))}")
+    return ["", "## Within and between launches", ""] + lines if lines else []
 
 
 def lag_p99(capacity: CapacityResult) -> float | None:
@@ -216,6 +267,8 @@ def main() -> int:
     parser.add_argument("--min-step-s", type=float)
     parser.add_argument("--start-speedup", type=float, default=1.0)
     parser.add_argument("--name", default="frontend_capacity")
+    parser.add_argument("--ladders", type=int, default=1,
+                        help="ladders per launch of an HTTP column, back to back (see the docstring)")
     parser.add_argument("--client-cpus", default="auto",
                         help="as autotune run's --client-cpus: the replayer's CPUs, the server the rest")
     args = parser.parse_args()
@@ -251,7 +304,8 @@ def main() -> int:
                 kind, count, label = column.kind, column.count, column.label
                 served = config.model_copy(update={"engine": {**config.engine, **column.engine}})
                 run_dir = runs_dir / f"r{round_index + 1}-{safe_name(label)}"
-                ladder = settings.hinted(hint)
+                # K ladders: each as a grid point after the baseline ran, hinted at --start-speedup.
+                ladder = settings.hinted(hint if args.ladders == 1 else args.start_speedup)
                 say(f"round {round_index + 1}: {label} (ladder from x{ladder.start_speedup:.3g})")
                 started = time.monotonic()
                 if kind == "in_process":
@@ -259,11 +313,19 @@ def main() -> int:
                     failure = None
                 else:
                     server = TrialServer(kind="vllm" if kind == "vllm" else "autotune", api_server_count=count)
-                    runner = TrialRunner(replay=ReplayOptions(slos=slos), ladder=ladder, server=server, startup_timeout_s=900,
-                                         stale_registry=Path(scratch) / "servers.json", say=say,
-                                         cpu_split=cpu_split)
+                    runner = RepeatedLadders(args.ladders, replay=ReplayOptions(slos=slos), ladder=ladder,
+                                             server=server, startup_timeout_s=900,
+                                             stale_registry=Path(scratch) / "servers.json", say=say,
+                                             cpu_split=cpu_split)
                     outcome = runner.run(served, window, run_dir)
                     capacity = outcome.capacity
+                    if args.ladders > 1:  # one row per ladder of this launch (the last is `capacity`)
+                        for index, each in enumerate(runner.capacities[:-1]):
+                            rows.append({"round": round_index + 1, "column": label, "ladder": index + 1,
+                                         "capacity_rps": each.capacity_rps, "bracketed": each.bracketed,
+                                         "steps": len(each.steps), "lag_p99_ms": lag_p99(each),
+                                         "ready_s": None, "ladder_s": None, "wall_s": None, "failure": None,
+                                         "describe": each.describe()})
                     failure = outcome.failure
                     if capacity:
                         steps_by_launch[f"r{round_index + 1} {label}"] = capacity.steps
@@ -272,6 +334,7 @@ def main() -> int:
                 wall = time.monotonic() - started
                 row = {
                     "round": round_index + 1, "column": label,
+                    "ladder": len(runner.capacities) if kind != "in_process" and args.ladders > 1 else None,
                     "capacity_rps": capacity.capacity_rps if capacity else None,
                     "bracketed": capacity.bracketed if capacity else None,
                     "steps": len(capacity.steps) if capacity else 0,
@@ -310,14 +373,15 @@ def main() -> int:
     goals.append(Goal(name="replayer send-lag p99, worst step of any HTTP column", target=f"<= {GOAL_LAG_MS} ms",
                       measured=worst, met=None if worst is None else worst <= GOAL_LAG_MS))
     table = md_table(
-        ["round", "column", "capacity req/s", "/ in_process of its round", "bracketed", "steps",
+        ["round", "column", "ladder", "capacity req/s", "/ in_process of its round", "bracketed", "steps",
          "worst lag p99 ms", "engine start s", "ladder s", "failure"],
-        [[r["round"], r["column"], fmt(r["capacity_rps"]),
+        [[r["round"], r["column"], r.get("ladder") or "", fmt(r["capacity_rps"]),
           fmt(per_round(rows, r["column"], "in_process").get(r["round"])), r["bracketed"],
           r["steps"], fmt(r["lag_p99_ms"]), fmt(r["ready_s"]), fmt(r["ladder_s"]), r["failure"] or ""]
          for r in rows],
     )
     compared, compared_lines = versus_first(rows, columns)
+    compared_lines = compared_lines + within_and_between(rows)
     results = {"rows": rows, "median_capacity_rps": medians, "ratio_to_in_process": ratios,
                "versus_first_column": compared,
                "recorded_rps": recorded_rate(window), "window_requests": len(window)}
@@ -333,7 +397,7 @@ def main() -> int:
                             f"(--client-cpus {args.client_cpus})") + "; the in_process column runs unpinned.",
     ]
     recorder.write(recorder.result(settings={"ladder": settings.model_dump(), "columns": args.columns,
-                                             "slos": slo_texts, "rounds": args.rounds},
+                                             "slos": slo_texts, "rounds": args.rounds, "ladders": args.ladders},
                                    goals=goals, results={**results, "cpu_split": cpu_split.describe() if cpu_split else None},
                                    notes=notes),
                    "\n".join(table + compared_lines + cpu_table(rows, steps_by_launch)))

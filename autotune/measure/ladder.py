@@ -489,7 +489,8 @@ class LoadLadder:
         (speed-up 1, no cut), with fresh prompt tokens (its own seed), so no step hits what
         another left cached."""
         return dataclasses.replace(self.replay, mode=ReplayMode(kind="timed"), speedup=1.0,
-                                   duration_s=None, prompts=PromptFactory(seed=attempt + 1))
+                                   duration_s=None,
+                                   prompts=PromptFactory(seed=self.replay.prompts.seed + attempt + 1))
 
     def _certain(
         self, summary: ReplaySummary, limits: dict[str, int], planned: int

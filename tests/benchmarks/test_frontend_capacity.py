@@ -62,3 +62,41 @@ def test_each_launch_is_compared_with_the_in_process_launch_of_its_own_round(ben
         {"round": 3, "column": "in_process", "capacity_rps": None},  # a failed launch
     ]
     assert bench.per_round(rows, "ours:4", "in_process") == {1: 0.75, 2: 0.95}
+
+
+@pytest.mark.slow
+def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_path) -> None:
+    """`--ladders 2`: one server start, two ladders, each kept; the report sets the spread
+    within the launch against that between launches (a fake server: no engine)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from autotune.measure.ladder import LadderSettings
+    from server.config import ServerConfig
+    from workloads.replay import ReplayOptions
+    from workloads.slo import parse_slo
+    from workloads.trace import Trace, TraceRequest
+
+    fake = Path(__file__).resolve().parents[1] / "autotune" / "fake_server.py"
+    behaviour = tmp_path / "behaviour.json"
+    behaviour.write_text(json.dumps({"slots": 6, "token_delay_s": 0.04}))
+    runner = bench.RepeatedLadders(
+        2, server_command=[sys.executable, str(fake), "--behaviour", str(behaviour)],
+        startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
+        stale_registry=tmp_path / "servers.json",
+        replay=ReplayOptions(slos=[parse_slo("ttft_p95_ms=600")], max_send_lag_ms=60_000),
+        ladder=LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.5, max_steps=4))
+    window = Trace.from_requests([TraceRequest(timestamp=i * 100.0, input_length=10 + i, output_length=5)
+                                  for i in range(20)], source="test window")
+    outcome = runner.run(ServerConfig(engine={"model": "fake"}), window, tmp_path / "launch")
+    assert outcome.ok, outcome.failure_detail
+    assert len(runner.capacities) == 2 and all(c.steps for c in runner.capacities)
+    assert (tmp_path / "launch" / "server.log").read_text().count("fake server pid starting") == 1
+    assert [json.loads((tmp_path / "launch" / f"ladder-{k}.json").read_text())["capacity_rps"]
+            for k in (1, 2)] == [c.capacity_rps for c in runner.capacities]
+    rows = [{"round": r, "column": "ours:1", "ladder": k, "capacity_rps": value}
+            for r, values in ((1, (10.0, 12.0)), (2, (14.0, 14.0))) for k, value in enumerate(values, 1)]
+    [line] = [x for x in bench.within_and_between(rows) if x.startswith("- ours:1")]
+    assert "launch 1: 0.182 (10, 12)" in line and "launch 2: 0 (14, 14)" in line
+    assert "between the launches' medians (11, 14): 0.24" in line
