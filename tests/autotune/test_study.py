@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from optuna.trial import TrialState
 
@@ -266,6 +266,8 @@ def study_database(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 @pytest.mark.slow  # 60 hypothesis examples, each a real study database
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+# Found by hypothesis in two fresh clones: one byte inside an index's copy of an attribute key.
+@example(damage="overwrite", where=0.5703125, length=1, seed=0)
 @given(
     damage=st.sampled_from(["truncate", "overwrite", "zero"]),
     where=st.floats(0, 1, exclude_max=True),
