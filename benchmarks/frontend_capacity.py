@@ -59,6 +59,7 @@ from autotune.measure.trial import TrialRunner
 from autotune.plan import TuningRequest
 from autotune.prepare import load_baseline
 from server.config import ServerConfig
+from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions
 from workloads.slo import parse_slos
@@ -142,10 +143,15 @@ class RepeatedLadders(TrialRunner):
                 self.replay = dataclasses.replace(base, prompts=PromptFactory(seed=1000 * index))
                 await super()._measure_ladder(trial, window, start_speedup)
                 self.capacities.append(trial.capacity)
-                (trial.dir / f"ladder-{index + 1}.json").write_text(trial.capacity.model_dump_json(indent=1))
+                write_text_atomic(trial.dir / f"ladder-{index + 1}.json", trial.capacity.model_dump_json(indent=1))
                 say(f"    ladder {index + 1} of {self.ladders}: {trial.capacity.describe()}")
         finally:
             self.replay = base
+
+
+def relative_range(values: list[float]) -> float | None:
+    """(max - min) / median, None for no values."""
+    return (max(values) - min(values)) / spread(values)["median"] if values else None
 
 
 def within_and_between(rows: list[dict[str, Any]]) -> list[str]:
@@ -160,11 +166,10 @@ def within_and_between(rows: list[dict[str, Any]]) -> list[str]:
                 launches.setdefault(row["round"], []).append(row["capacity_rps"])
         within = {k: spread(v) for k, v in launches.items()}
         medians = [w["median"] for w in within.values()]
-        rel = lambda values: (max(values) - min(values)) / spread(values)["median"] if values else None  # noqa: E731
         lines.append(f"- {column}: within each launch (range / median) "
-                     + ", ".join(f"launch {k}: {fmt(rel(v))} ({', '.join(fmt(x) for x in v)})" for k, v in launches.items())
-                     + f"; between the launches' medians ({', '.join(fmt(m) for m in medians)}): {fmt(rel(medians))}; "
-                     f"all {sum(len(v) for v in launches.values())} ladders: {fmt(rel([x for v in launches.values() for x in v]))}")
+                     + ", ".join(f"launch {k}: {fmt(relative_range(v))} ({', '.join(fmt(x) for x in v)})" for k, v in launches.items())
+                     + f"; between the launches' medians ({', '.join(fmt(m) for m in medians)}): {fmt(relative_range(medians))}; "
+                     f"all {sum(len(v) for v in launches.values())} ladders: {fmt(relative_range([x for v in launches.values() for x in v]))}")
     return ["", "## Within and between launches", ""] + lines if lines else []
 
 
