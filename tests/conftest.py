@@ -22,8 +22,9 @@ every other test beside it. The engine lane kept 2 cores only 61% busy on its ow
 without an engine fill its gaps. A second lane does not pay: two lanes on 4 workers took 711 s
 against 704 s for one, the CPU 100% busy for their first 7 minutes, and 606 s with
 OMP_WAIT_POLICY=PASSIVE but with a failure from load alone
-(results/benchmarks/engine_lanes_gate_2026-11-27.log; branch experiment/two-engine-lanes-gate). (xdist's own `xdist_group` marker does nothing under pytest
-9.2: the workers write the lane's node ids to a file the scheduler reads.) Tests marked
+(results/benchmarks/engine_lanes_gate_2026-11-27.log; branch experiment/two-engine-lanes-gate).
+(xdist's own `xdist_group` marker does nothing under pytest 9.2: the workers write the lane's
+node ids to a file the scheduler reads.) Tests marked
 `engine` are collected first, the session server's first, then those that start the most
 engines, and last those marked `engine(load_sensitive=True)`: their duration grows most with
 the other tests beside them (the retune test's one-sequence windows drained in 178 s against 73
