@@ -9,12 +9,12 @@ WORKLOAD ?= workloads/samples/translation_trace.jsonl
 # Set up once: scripts/setup.sh runs again only when .venv is missing or older than what it
 # installs from (delete .venv, or `make setup-force`, to reinstall from scratch).
 STAMP := .venv/.autotune-setup-done
-# One pytest run on three workers (tests/conftest.py): one worker runs the engine lane (every
-# test marked `engine` or `postgres`, one at a time: they are CPU-bound), the other two every
-# other test beside it; they wait (fake servers, replayed windows, signals) more than they
-# compute, and the lane alone kept 2 cores only 61% busy. Measured on this 2-core VM (2026-11-27,
-# one run each): two phases, 3 workers then the lane, 190 + 612 s; one run, 3 workers, 691 s.
-WORKERS ?= 3
+# One pytest run on four workers (tests/conftest.py): two run the engine lanes (the tests marked
+# `engine` or `postgres`, one at a time in each lane, each lane pinned to its own half of the
+# CPUs: two engine tests unpinned on the same cores slowed each other ~2x), the other two every other
+# test beside them. Measured on this 2-core VM (2026-11-27, results/test-suite-runs.md): one
+# lane on 3 workers 704 s; two unpinned lanes 711 s; two pinned lanes 505-531 s.
+WORKERS ?= 4
 LINT := $(PY) -m ruff check autotune server workloads tests benchmarks scripts
 
 .PHONY: setup setup-force demo test test-fast lint reliability
@@ -37,7 +37,7 @@ lint: setup
 
 test: setup
 	$(LINT)
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --engine-lanes 2
 
 test-fast: setup
 	$(PY) -m pytest -q -n $(WORKERS) -m "not engine and not postgres and not slow"

@@ -14,21 +14,22 @@ rewritten from it; without the option nothing is written. A scenario whose test 
 written as FAILED with what held before the failure.
 
 The `postgres` marker is set here from the fixture a test uses (`postgres_url`), so that a
-test cannot forget it. Under `pytest -n 3 --dist loadgroup` (make test) every test marked
-`engine` or `postgres` is one unit of work, the engine lane: one worker runs them one at a
-time (they are CPU-bound, and two at once on 2 cores slowed the retune test from 73 to 479 s),
-the session's real server (tests/server/conftest.py) started once, while the other workers run
-every other test beside it. The engine lane kept 2 cores only 61% busy on its own, so the tests
-without an engine fill its gaps. A second lane does not pay: two lanes on 4 workers took 711 s
-against 704 s for one, the CPU 100% busy for their first 7 minutes, and 606 s with
-OMP_WAIT_POLICY=PASSIVE but with a failure from load alone
-(results/benchmarks/engine_lanes_gate_2026-11-27.log; branch experiment/two-engine-lanes-gate).
-(xdist's own `xdist_group` marker does nothing under pytest 9.2: the workers write the lane's
-node ids to a file the scheduler reads.) Tests marked
-`engine` are collected first, the session server's first, then those that start the most
-engines, and last those marked `engine(load_sensitive=True)`: their duration grows most with
-the other tests beside them (the retune test's one-sequence windows drained in 178 s against 73
-s alone), so they run once the tests without an engine are done.
+test cannot forget it. Under `pytest -n 4 --dist loadgroup --engine-lanes 2` (make test) the
+tests marked `engine` or `postgres` run in two engine lanes: each lane is one unit of work, run
+one test at a time by one worker, while the other workers run every other test beside them.
+Each lane runs on its own CPUs (half of those allowed; one core each on 2 cores), and so does
+every process its tests start. Two end-to-end engine tests side by side on 2 cores took 97 s
+unpinned, as long as one after the other (96 s), and 51 s each pinned to a core of its own, as
+long as alone (why unpinned engines collide is not established: vLLM sets no affinity here; the
+trial servers run in autogroups of their own at nice 10). Two lanes without pinning took 711 s
+against 704 s for one lane; pinned, 505-531 s (results/test-suite-runs.md). The tests sharing a session-scoped engine or cluster (the
+`server` fixture, PostgreSQL) share a lane; the lanes are balanced by each test's
+`@pytest.mark.engine(seconds=S)`, its measured duration in make test. (xdist's own
+`xdist_group` marker does nothing under pytest 9.2: the workers write each lane's node ids to a
+file the scheduler reads.) In each lane the session server's tests come first, then those that
+start the most engines, and last those marked `engine(load_sensitive=True)`: their duration
+grows most with other tests beside them (the retune test's one-sequence windows drained in 178
+s against 73 s alone), so they run once the tests without an engine are done.
 
 Every test runs with a high client-lag limit in the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`,
 the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
@@ -250,13 +251,24 @@ _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 _FACTS = pytest.StashKey[tuple[str, str | None]]()
 _START_METHOD = pytest.StashKey[str | None]()
+_LANE_CPUS = pytest.StashKey[dict[str, set[int]]]()  # lane test's node id -> its lane's CPUs
 
 
-ENGINE_LANE = "engine lane"  # the scheduler's unit of work for the engine and PostgreSQL tests
-LANE_FILE_ENV = "AUTOTUNE_TEST_ENGINE_LANE"  # where the workers write that lane's node ids
+LANE_FILE_ENV = "AUTOTUNE_TEST_ENGINE_LANE"  # where the workers write each lane's node ids
+DEFAULT_ENGINE_SECONDS = 2.0  # a lane test without `seconds=`: most use the session server
+SHARED = ("server", "postgres_url")  # session-scoped: the tests using one share a lane
+SHARED_START_SECONDS = 20.0  # the session server's start (or a PostgreSQL initdb), once a lane
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine-lanes",
+        metavar="N",
+        type=int,
+        default=1,
+        help="under --dist loadgroup, run the engine and PostgreSQL tests in N lanes, each one "
+        "test at a time on its own worker and its own share of the CPUs (make test: 2). Default 1.",
+    )
     parser.addoption(
         "--reliability-dir",
         metavar="DIR",
@@ -300,14 +312,44 @@ def engine_starts(item: pytest.Item) -> int:
     return 0 if marker is None else int(marker.kwargs.get("starts", 1))
 
 
+def engine_seconds(item: pytest.Item) -> float:
+    """About how long a lane test takes in make test on 2 cores (`@pytest.mark.engine(seconds=S)`,
+    measured there): used only to balance the lanes, never asserted."""
+    marker = item.get_closest_marker("engine")
+    return DEFAULT_ENGINE_SECONDS if marker is None else float(marker.kwargs.get("seconds", DEFAULT_ENGINE_SECONDS))
+
+
 def load_sensitive(item: pytest.Item) -> bool:
-    """`@pytest.mark.engine(load_sensitive=True)`: best run once the lane has the CPUs to itself."""
+    """`@pytest.mark.engine(load_sensitive=True)`: best run once its lane has the CPUs to itself."""
     marker = item.get_closest_marker("engine")
     return marker is not None and bool(marker.kwargs.get("load_sensitive", False))
 
 
 def in_engine_lane(item: pytest.Item) -> bool:
     return item.get_closest_marker("engine") is not None or item.get_closest_marker("postgres") is not None
+
+
+def engine_lanes(items: list[pytest.Item], count: int) -> dict[str, int]:
+    """Each lane test's lane (node id -> 0..count-1): the tests sharing a session-scoped engine or
+    cluster (the `server` fixture, PostgreSQL) are one unit, every other test its own; the longest
+    unit goes to the lane with the least so far (the order is the same on every worker)."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if in_engine_lane(item):
+            fixtures = getattr(item, "fixturenames", ())
+            shared = next((name for name in SHARED if name in fixtures), item.nodeid)
+            units.setdefault(shared, []).append(item)
+    def seconds(unit: tuple[str, list[pytest.Item]]) -> float:
+        key, members = unit
+        return sum(map(engine_seconds, members)) + (SHARED_START_SECONDS if key in SHARED else 0.0)
+
+    totals = [0.0] * max(1, count)
+    lanes: dict[str, int] = {}
+    for unit in sorted(units.items(), key=lambda unit: (-seconds(unit), unit[0])):
+        lane = totals.index(min(totals))
+        totals[lane] += seconds(unit)
+        lanes.update((member.nodeid, lane) for member in unit[1])
+    return lanes
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -318,32 +360,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.reliability)
         if "postgres_url" in fixtures:
             item.add_marker(pytest.mark.postgres)
-    # The session server's tests first, then the other engine tests, the most engine starts
-    # first, the load-sensitive ones last, then everything else; pytest's order within each
-    # (the sort is stable).
-    items.sort(key=lambda item: (not in_engine_lane(item), load_sensitive(item),
+    cpus = lane_cpus(os.sched_getaffinity(0), config.getoption("engine_lanes"))
+    lanes = engine_lanes(items, len(cpus))
+    config.stash[_LANE_CPUS] = {test: cpus[lane] for test, lane in lanes.items()} if len(cpus) > 1 else {}
+    # The lanes' tests first, lane by lane: in each the session server's first, then those that
+    # start the most engines, the load-sensitive ones last; then everything else; pytest's order
+    # within each (the sort is stable).
+    items.sort(key=lambda item: (item.nodeid not in lanes, lanes.get(item.nodeid, 0), load_sensitive(item),
                                  "server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
     lane_file = os.environ.get(LANE_FILE_ENV)
     if hasattr(config, "workerinput") and lane_file:  # every worker collects the same: last one wins
-        write_text_atomic(lane_file, "".join(f"{item.nodeid}\n" for item in items if in_engine_lane(item)))
+        write_text_atomic(lane_file, "".join(f"{item.nodeid}\t{lanes[item.nodeid]}\n"
+                                             for item in items if item.nodeid in lanes))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`--dist loadgroup`: the engine lane is one unit of work; every other test is its own."""
+    """`--dist loadgroup`: each engine lane is one unit of work; every other test is its own."""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class EngineLane(LoadScopeScheduling):
-        lane: frozenset[str] | None = None
+    class EngineLanes(LoadScopeScheduling):
+        lanes: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.lane is None:  # read once every worker has collected (xdist schedules then)
-                self.lane = frozenset(Path(os.environ[LANE_FILE_ENV]).read_text().splitlines())
-            return ENGINE_LANE if nodeid in self.lane else nodeid
+            if self.lanes is None:  # read once every worker has collected (xdist schedules then)
+                lines = Path(os.environ[LANE_FILE_ENV]).read_text().splitlines()
+                self.lanes = {test: f"engine lane {lane}" for test, lane in (line.split("\t") for line in lines)}
+            return self.lanes.get(nodeid, nodeid)
 
-    return EngineLane(config, log)
+    return EngineLanes(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A lane test runs on its lane's CPUs, and so does every process it starts (they inherit the
+    worker's affinity): two engine tests allowed the same CPUs slowed each other ~2x (see above)."""
+    cpus = item.config.stash.get(_LANE_CPUS, {}).get(item.nodeid)
+    if not cpus:
+        return (yield)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        return (yield)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def lane_cpus(allowed: set[int], count: int) -> list[set[int]]:
+    """The CPUs of each of `count` lanes: `allowed` cut into `count` runs of equal size, or one
+    lane of them all when there are fewer CPUs than lanes."""
+    cpus = sorted(allowed)
+    if len(cpus) < count:
+        return [set(cpus)]
+    size = len(cpus) // count
+    return [set(cpus[lane * size:(lane + 1) * size]) for lane in range(count)]
 
 
 @pytest.hookimpl(wrapper=True)

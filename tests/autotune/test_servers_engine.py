@@ -45,7 +45,7 @@ def server_tree(config_path: Path) -> list[psutil.Process]:
     return []
 
 
-@pytest.mark.engine(starts=1)
+@pytest.mark.engine(starts=1, seconds=69)
 def test_autotune_run_on_stock_vllm_serve(tmp_path: Path) -> None:
     out = tmp_path / "out"
     trial_dir = out / "trials" / "trial-0000"

@@ -83,6 +83,7 @@ def pids_answering(url: str, tries: int) -> set[int]:
     return seen
 
 
+@pytest.mark.engine(seconds=52)
 def test_two_front_ends_share_one_engine(tmp_path: Path) -> None:
     config = ServerConfig(engine=default_engine_settings())
     config_path = tmp_path / "config.yaml"
