@@ -22,14 +22,14 @@ every process its tests start. Two end-to-end engine tests side by side on 2 cor
 unpinned, as long as one after the other (96 s), and 51 s each pinned to a core of its own, as
 long as alone (why unpinned engines collide is not established: vLLM sets no affinity here; the
 trial servers run in autogroups of their own at nice 10). Two lanes without pinning took 711 s
-against 704 s for one lane; pinned, 505-531 s (results/test-suite-runs.md). The tests sharing a session-scoped engine or cluster (the
-`server` fixture, PostgreSQL) share a lane; the lanes are balanced by each test's
-`@pytest.mark.engine(seconds=S)`, its measured duration in make test. (xdist's own
-`xdist_group` marker does nothing under pytest 9.2: the workers write each lane's node ids to a
-file the scheduler reads.) In each lane the session server's tests come first, then those that
-start the most engines, and last those marked `engine(load_sensitive=True)`: their duration
-grows most with other tests beside them (the retune test's one-sequence windows drained in 178
-s against 73 s alone), so they run once the tests without an engine are done.
+against 704 s for one lane; pinned, 501-533 s (results/test-suite-runs.md). The tests sharing a
+session-scoped engine or cluster (the `server` fixture, PostgreSQL) share a lane; the lanes are
+balanced by each test's `@pytest.mark.engine(seconds=S)`, its measured duration in make test.
+(xdist's own `xdist_group` marker does nothing under pytest 9.2: the workers write each lane's
+node ids to a file the scheduler reads.) In each lane the session server's tests come first,
+then those that start the most engines, and last those marked `engine(load_sensitive=True)`:
+their duration grows most with other tests beside them (the retune test's one-sequence windows
+drained in 178 s against 73 s alone), so they run once the tests without an engine are done.
 
 Every test runs with a high client-lag limit in the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`,
 the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
@@ -45,6 +45,7 @@ home never hides a path that imports vLLM.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import fcntl
@@ -260,11 +261,22 @@ SHARED = ("server", "postgres_url")  # session-scoped: the tests using one share
 SHARED_START_SECONDS = 20.0  # the session server's start (or a PostgreSQL initdb), once a lane
 
 
+def lane_count(text: str) -> int:
+    """--engine-lanes: a whole number of lanes, at least 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"--engine-lanes must be a whole number >= 1, got {text!r}")
+    return count
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--engine-lanes",
         metavar="N",
-        type=int,
+        type=lane_count,
         default=1,
         help="under --dist loadgroup, run the engine and PostgreSQL tests in N lanes, each one "
         "test at a time on its own worker and its own share of the CPUs (make test: 2). Default 1.",
@@ -339,6 +351,7 @@ def engine_lanes(items: list[pytest.Item], count: int) -> dict[str, int]:
             fixtures = getattr(item, "fixturenames", ())
             shared = next((name for name in SHARED if name in fixtures), item.nodeid)
             units.setdefault(shared, []).append(item)
+
     def seconds(unit: tuple[str, list[pytest.Item]]) -> float:
         key, members = unit
         return sum(map(engine_seconds, members)) + (SHARED_START_SECONDS if key in SHARED else 0.0)

@@ -3,6 +3,7 @@ workers, and each lane's own CPUs, which every process its tests start inherits.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -118,3 +119,10 @@ def test_the_engine_lanes_run_on_cpus_of_their_own_and_their_processes_too(
         assert first | second <= set(allowed)
     else:
         assert first == second == set(allowed), seen
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "two", ""])
+def test_a_lane_count_below_one_or_not_a_number_is_refused_naming_the_option(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=f"--engine-lanes must be a whole number >= 1, got {text!r}"):
+        lanes.lane_count(text)
+    assert lanes.lane_count("2") == 2
