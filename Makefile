@@ -15,6 +15,8 @@ STAMP := .venv/.autotune-setup-done
 # test beside them. Measured on this 2-core VM (2026-11-27, results/test-suite-runs.md): one
 # lane on 3 workers 704 s; two unpinned lanes 711 s; two pinned lanes 505-531 s.
 WORKERS ?= 4
+# make test-fast: no lanes; 3 workers took 60 s against 67-74 s for 4 (2026-11-27, 599 tests).
+FAST_WORKERS ?= 3
 LINT := $(PY) -m ruff check autotune server workloads tests benchmarks scripts
 
 .PHONY: setup setup-force demo test test-fast lint reliability
@@ -40,7 +42,7 @@ test: setup
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --engine-lanes 2
 
 test-fast: setup
-	$(PY) -m pytest -q -n $(WORKERS) -m "not engine and not postgres and not slow"
+	$(PY) -m pytest -q -n $(FAST_WORKERS) -m "not engine and not postgres and not slow"
 
 reliability: setup
 	$(PY) -m pytest -q -m reliability --reliability-dir results

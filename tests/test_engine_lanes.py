@@ -90,7 +90,8 @@ def test_plain():
 
 
 # With workers (make test), and in one process, where the plain test runs after both lanes' tests
-# (lanes first): it gets every CPU back.
+# (lanes first): it gets every CPU back. Slow: an inner pytest run each (3-10 s).
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [["-p", "xdist", "-n", "2", "--dist", "loadgroup"], ["-p", "no:xdist"]],
                          ids=["workers", "one-process"])
 def test_the_engine_lanes_run_on_cpus_of_their_own_and_their_processes_too(
