@@ -31,8 +31,8 @@ then those that start the most engines, and last those marked `engine(load_sensi
 their duration grows most with other tests beside them (the retune test's one-sequence windows
 drained in 178 s against 73 s alone), so they run once the tests without an engine are done.
 
-Every test runs with a high client-lag limit in the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`,
-the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
+The whole session, fixtures of every scope included, runs with a high client-lag limit in the
+environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`, the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
 tuner test lagged past the limit its SLOs imply (50-100 ms) and a trial went unscored in tests
 that are not about the client. The lag rule keeps its own tests (tests/autotune/test_client_lag.py),
 which pass their limits explicitly.
@@ -250,7 +250,7 @@ def render(records: list[ScenarioRecord]) -> str:
 
 _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
-_FACTS = pytest.StashKey[tuple[str, str | None]]()
+_FACTS = pytest.StashKey[tuple[str, dict[str, str | None]]]()  # the facts folder, the env before
 _START_METHOD = pytest.StashKey[str | None]()
 _LANE_CPUS = pytest.StashKey[dict[str, set[int]]]()  # lane test's node id -> its lane's CPUs
 
@@ -298,11 +298,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if directory is not None:
         config.stash[_LOG] = ReliabilityLog(directory.resolve())
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
-        # Set before xdist starts its workers, which inherit it; removed at the session's end.
+        # Set before xdist starts its workers, which inherit them (and so does every fixture,
+        # whatever its scope); restored at the session's end.
         facts = tempfile.mkdtemp(prefix="vllm-autotune-facts-")
-        config.stash[_FACTS] = (facts, os.environ.get(CACHE_DIR_ENV))
-        os.environ[CACHE_DIR_ENV] = facts
-        os.environ[LANE_FILE_ENV] = os.path.join(facts, "engine-lane.txt")
+        suite_env = {
+            CACHE_DIR_ENV: facts,
+            LANE_FILE_ENV: os.path.join(facts, "engine-lane.txt"),
+            CLIENT_LAG_ENV: "60000",  # a limit no stall of a busy test machine reaches (see above)
+        }
+        config.stash[_FACTS] = (facts, {name: os.environ.get(name) for name in suite_env})
+        os.environ.update(suite_env)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -311,11 +316,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     facts, before = made
     shutil.rmtree(facts, ignore_errors=True)
-    os.environ.pop(LANE_FILE_ENV, None)
-    if before is None:
-        os.environ.pop(CACHE_DIR_ENV, None)
-    else:
-        os.environ[CACHE_DIR_ENV] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def engine_starts(item: pytest.Item) -> int:
@@ -461,12 +466,6 @@ def pytest_runtest_makereport(
     report = yield
     item.stash.setdefault(_REPORTS, {})[report.when] = report
     return report
-
-
-@pytest.fixture(autouse=True)
-def client_lag_not_under_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client-lag limit (ms) no stall of a busy test machine reaches (see the docstring)."""
-    monkeypatch.setenv(CLIENT_LAG_ENV, "60000")
 
 
 @pytest.fixture
