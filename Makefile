@@ -39,7 +39,7 @@ lint: setup
 
 test: setup
 	$(LINT)
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --engine-lanes 2
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --engine-lanes 2 --shared-fork-server
 
 test-fast: setup
 	$(PY) -m pytest -q -n $(FAST_WORKERS) -m "not engine and not postgres and not slow"

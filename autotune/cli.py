@@ -24,7 +24,7 @@ USER_ERRORS = (AutotuneError, WorkloadError, ConfigError)
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so `autotune --help` names every command while each module owns its flags.
-    from autotune import retune, run_cli, worker_cli
+    from autotune import fork_server_cli, retune, run_cli, worker_cli
     from workloads import cli as workloads_cli
     from workloads import replay_cli
 
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         run_cli.register,
         retune.register,
         worker_cli.register,
+        fork_server_cli.register,
         workloads_cli.register,
         replay_cli.register,
     ]

@@ -4,7 +4,8 @@ load ladder, server start) and re-checked in the gate, and the request fields th
 One definition keeps the two commands' spelling, defaults and help the same. The client-lag
 limit may also come from the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`), for hosts where the
 load client shares its CPUs with other work on purpose (a CI runner, a test suite) and a lagging
-client is expected rather than a measurement to throw away; the flag wins over it."""
+client is expected rather than a measurement to throw away; the flag wins over it. So may the
+shared fork server's socket (`AUTOTUNE_FORK_SERVER_SOCKET`), for every tuner of a host."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
@@ -28,6 +30,7 @@ from autotune.preflight import OVER_CONTEXT_CHOICES
 FORK_SERVERS_CHOICES = ("on", "off")
 
 CLIENT_LAG_ENV = "AUTOTUNE_MAX_CLIENT_LAG_MS"
+FORK_SERVER_SOCKET_ENV = "AUTOTUNE_FORK_SERVER_SOCKET"
 
 
 def add_measurement_flags(add: Any) -> None:
@@ -57,6 +60,10 @@ def add_measurement_flags(add: Any) -> None:
         help="start each trial's server (ours, not --server vllm) by forking a process that "
              "imported vLLM once, instead of a fresh `python -m server`: ready in 0.3x the time "
              "on a 2-core CPU, 0.5x on an H200 with a 1.5B model (default: %(default)s)")
+    add("--fork-server-socket", type=Path, default=None, metavar="PATH",
+        help="fork trial servers from the shared fork server listening here (`autotune "
+             "fork-server --socket PATH`) where it imported vLLM in this environment, else from "
+             "one of our own; with --fork-servers on (default: $" + FORK_SERVER_SOCKET_ENV + ")")
     add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
         help="seconds of trace replayed per search trial; lengthened when too few requests for "
@@ -96,6 +103,14 @@ def client_lag_limit(flag_ms: float | None, environ: Mapping[str, str]) -> float
     return limit
 
 
+def fork_server_socket(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The shared fork server's socket: the flag, else $AUTOTUNE_FORK_SERVER_SOCKET, else None."""
+    if flag is not None:
+        return flag
+    text = environ.get(FORK_SERVER_SOCKET_ENV, "").strip()
+    return Path(text) if text else None
+
+
 def measurement_fields(args: argparse.Namespace,
                        environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The `TuningRequest` fields the shared flags fill, by field name."""
@@ -103,6 +118,7 @@ def measurement_fields(args: argparse.Namespace,
         "max_client_lag_ms": client_lag_limit(args.max_client_lag_ms, environ),
         "client_cpus": args.client_cpus,
         "fork_servers": args.fork_servers,
+        "fork_server_socket": fork_server_socket(args.fork_server_socket, environ),
         "over_context": args.over_context,
         "step_requests": args.step_requests,
         "ladder_resolution": args.ladder_resolution,

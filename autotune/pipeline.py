@@ -70,6 +70,7 @@ def build_runner(
         # Measured on vLLM's CPU platform and on an H200 (benchmarks/server_start.py): ready in
         # 0.3x and 0.5x the time, serving as fast. TrialRunner forks our server only.
         preload_server=plan.fork_servers == "on",
+        shared_fork_server=plan.fork_server_socket,
     )
 
 

@@ -46,7 +46,7 @@ DEFAULT_HEADROOM = 1.5
 
 # The plan's fields that belong to one process (where it writes, which study it opens), not
 # to the study: left out of the form stored for workers.
-PROCESS_FIELDS = frozenset({"study_name", "output_dir", "storage", "resume", "resume_gate"})
+PROCESS_FIELDS = frozenset({"study_name", "output_dir", "storage", "resume", "resume_gate", "fork_server_socket"})
 
 
 class TuningRequest(BaseModel):
@@ -79,6 +79,7 @@ class TuningRequest(BaseModel):
     max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
     client_cpus: str = "auto"  # autotune.measure.cpu_split.CpuSplit.resolve
     fork_servers: Literal["on", "off"] = "on"  # autotune.pipeline.build_runner
+    fork_server_socket: Path | None = None  # a shared fork server: autotune.fork_server_cli
     seed: int = 0
     tuning_window_s: float = DEFAULT_TUNING_S
     holdout_window_s: float = DEFAULT_HOLDOUT_S
@@ -158,6 +159,8 @@ class TuningPlan(BaseModel):
     # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
     # from another machine: autotune.search.gate_runner).
     resume_gate: bool = False
+    # Trial servers forked from this host's shared fork server where it accepts our environment.
+    fork_server_socket: Path | None = None
 
     def replay_options(self) -> ReplayOptions:
         """How a trial replays its window: the plan's mode, speed-up, SLOs and the client

@@ -13,6 +13,7 @@ from typing import Any
 from autotune import preflight
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
+from autotune.measure.forkserver import SharedForkServer
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.servers import labelled
 from autotune.plan import TuningPlan, TuningRequest
@@ -33,7 +34,7 @@ from workloads.trace_io import load_trace
 
 # The request's settings a plan keeps as they are (same names, same values).
 CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
-           "startup_timeout_s", "max_client_lag_ms", "client_cpus", "fork_servers", "command_line", "trial_server", "study_name", "output_dir",
+           "startup_timeout_s", "max_client_lag_ms", "client_cpus", "fork_servers", "fork_server_socket", "command_line", "trial_server", "study_name", "output_dir",
            "storage", "resume")
 
 
@@ -51,6 +52,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     baseline, baseline_source = load_baseline(request)
     accelerator = detect_accelerator()
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
+    if request.fork_servers == "on" and request.fork_server_socket is not None:
+        SharedForkServer(request.fork_server_socket).close()  # nobody listening: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
     needs = preflight.requirements(slos, objective)

@@ -37,6 +37,12 @@ tuner test lagged past the limit its SLOs imply (50-100 ms) and a trial went uns
 that are not about the client. The lag rule keeps its own tests (tests/autotune/test_client_lag.py),
 which pass their limits explicitly.
 
+With `--shared-fork-server` (make test) the controller starts one fork server for the session
+(`autotune fork-server`'s) and names its socket in AUTOTUNE_FORK_SERVER_SOCKET: every trial
+server the tests start, from their own trial runners or from the `autotune run` processes they
+start, is forked from it where the environment is the suite's, instead of each of those
+processes importing vLLM for a fork server of its own (~9 CPU-s each).
+
 The session answers vLLM questions from a facts cache of its own (server.vllm_facts), made
 empty at the start and shared by the xdist workers and every process the tests start: the first
 process that asks imports vLLM and fills it, the rest read it, and a warm cache in the user's
@@ -63,7 +69,8 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
-from autotune.measure_flags import CLIENT_LAG_ENV
+from autotune.measure.forkserver import ForkServer
+from autotune.measure_flags import CLIENT_LAG_ENV, FORK_SERVER_SOCKET_ENV
 from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
 
@@ -251,6 +258,7 @@ def render(records: list[ScenarioRecord]) -> str:
 _LOG = pytest.StashKey[ReliabilityLog]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 _FACTS = pytest.StashKey[tuple[str, dict[str, str | None]]]()  # the facts folder, the env before
+_FORK_SERVER = pytest.StashKey[ForkServer]()  # --shared-fork-server's
 _START_METHOD = pytest.StashKey[str | None]()
 _LANE_CPUS = pytest.StashKey[dict[str, set[int]]]()  # lane test's node id -> its lane's CPUs
 
@@ -282,6 +290,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "test at a time on its own worker and its own share of the CPUs (make test: 2). Default 1.",
     )
     parser.addoption(
+        "--shared-fork-server",
+        action="store_true",
+        help="start one fork server (autotune fork-server) for the session: every trial server "
+        "the tests start, in their processes or in the tuners they run, is forked from it where "
+        "its environment allows, instead of each process importing vLLM for one (make test).",
+    )
+    parser.addoption(
         "--reliability-dir",
         metavar="DIR",
         type=Path,
@@ -306,11 +321,20 @@ def pytest_configure(config: pytest.Config) -> None:
             LANE_FILE_ENV: os.path.join(facts, "engine-lane.txt"),
             CLIENT_LAG_ENV: "60000",  # a limit no stall of a busy test machine reaches (see above)
         }
+        if config.getoption("shared_fork_server"):
+            suite_env[FORK_SERVER_SOCKET_ENV] = os.path.join(facts, "forkserver.sock")
         config.stash[_FACTS] = (facts, {name: os.environ.get(name) for name in suite_env})
         os.environ.update(suite_env)
+        if config.getoption("shared_fork_server"):
+            # Started after the suite's environment is set: the workers' and their tuners' match it.
+            config.stash[_FORK_SERVER] = ForkServer(listen=Path(suite_env[FORK_SERVER_SOCKET_ENV]),
+                                                    stderr_path=Path(facts) / "forkserver.log")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    fork_server = config.stash.get(_FORK_SERVER, None)
+    if fork_server is not None:
+        fork_server.close()
     made = config.stash.get(_FACTS, None)
     if made is None:
         return

@@ -20,6 +20,12 @@ when it forks its engine core (after importing vLLM, before CUDA is initialised)
 - It ends when the launcher closes its stdin (`close()`, or the launcher's death); servers
   still running then keep their own lifeline. Ctrl-C is the tuner's: the fork server ignores
   it, and the tuner stops its servers itself.
+- One fork server may serve several launchers (tuners of one host, a test suite's processes):
+  started with a socket to listen on (`ForkServer(listen=PATH)`, `autotune fork-server`), it
+  answers each connection as it answers its owner, and each launcher connects with
+  `SharedForkServer(PATH)` (`--fork-server-socket`). The owner's stdin still decides its end.
+  A server runs on its launcher's CPUs (sent with each request), as a child of the launcher
+  would, not on the fork server's.
 - A server's environment must be the one the fork server imported under (save the launcher's
   pid and IMPORT_FREE_PREFIXES): vLLM and torch read some variables at import.
   `ForkServer.accepts(env)` says so; the launcher starts such a server the usual way, or a new
@@ -32,8 +38,8 @@ import contextlib
 import json
 import logging
 import os
-import selectors
-import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -43,51 +49,43 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import psutil
-from pydantic import BaseModel
 
+from autotune.errors import AutotuneError
+from autotune.measure.forkserver_process import ForkRequest, configuration
 from autotune.measure.server_registry import _is_gone
-from autotune.measure.server_start import yield_cpu_to_clients
 
 logger = logging.getLogger(__name__)
 
-MODULE = "autotune.measure.forkserver"
+MODULE = "autotune.measure.forkserver_process"
 READY_TIMEOUT_S = 600.0  # the import on a slow, busy host; a dead fork server fails at once
 LOST = 255  # the exit code of a server whose fork server died before reaping it: unknown
-# Variables no import reads, so a server may differ from the fork server in them (the child gets
-# its whole environment all the same): ours (the server reads the launcher's pid, AUTOTUNE_PARENT_PID,
-# when it starts; the tuner reads the others), and the name of the test pytest is running.
-IMPORT_FREE_PREFIXES = ("AUTOTUNE_", "PYTEST_CURRENT_TEST")
-
-
-class ForkRequest(BaseModel):
-    """One server to fork (launcher -> fork server)."""
-
-    args: list[str]  # what follows `python -m server`
-    title: str  # the process title `ps` shows: the command line the server stands for
-    env: dict[str, str]
-    cwd: str
-    log_path: str
-    nice: int | None = None
-    cpus: list[int] | None = None
 
 
 class ForkServerError(RuntimeError):
     """The fork server could not start a server (it died, or never finished importing)."""
 
 
+class ForkServerSocketError(AutotuneError):
+    """A fork server's socket path that cannot be used (taken, not a socket, nobody listening)."""
+
+
 class ForkServer:
-    """A process that imported the server stack once and forks trial servers from it."""
+    """A process that imported the server stack once and forks trial servers from it: one this
+    process started (and ends with close()); with `listen`, other launchers may use it too."""
 
     def __init__(self, python: str = sys.executable, *, env: Mapping[str, str] | None = None,
-                 stderr_path: Path | None = None) -> None:
-        self.env = _configuration(os.environ if env is None else env)
+                 stderr_path: Path | None = None, listen: Path | None = None) -> None:
+        self.listen = listen
+        if listen is not None:
+            claim_socket_path(listen)
+        self.env = configuration(os.environ if env is None else env)
         stderr: int | BinaryIO = subprocess.DEVNULL
         if stderr_path is not None:
             stderr_path.parent.mkdir(parents=True, exist_ok=True)
             stderr = open(stderr_path, "ab")  # noqa: SIM115 (closed below, once Popen has it)
         try:
             self.process = subprocess.Popen(
-                [python, "-m", MODULE],
+                [python, "-m", MODULE, *([] if listen is None else ["--listen", str(listen)])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -97,23 +95,30 @@ class ForkServer:
         finally:
             if not isinstance(stderr, int):
                 stderr.close()
+        self.pid: int | None = self.process.pid
+        self._start_reading(self.process.stdout)
+
+    def _start_reading(self, stream: Any) -> None:
         self._lock = threading.Condition()
         self._ready = False
         self._import_env: dict[str, str] = {}  # what importing vLLM set in the environment
         self._spawned: list[int | str] = []  # answers to spawn requests, in order
         self._exits: dict[int, int] = {}
-        self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(stream,), name="forkserver-reader",
+                                        daemon=True)
         self._reader.start()
 
     def accepts(self, env: Mapping[str, str]) -> bool:
         """Whether a server with environment `env` may be forked from this one (once it has
         imported: what the import itself set in the environment may be in `env` too, as it is
         in a launcher that imported vLLM since)."""
-        if not self.wait_ready():
-            return False
-        wanted = {name: value for name, value in _configuration(env).items()
+        return self.wait_ready() and self.alive() and not self.differences(env)
+
+    def differences(self, env: Mapping[str, str]) -> list[str]:
+        """The names of the variables in which `env` differs from what this one imported under."""
+        wanted = {name: value for name, value in configuration(env).items()
                   if not (name not in self.env and self._import_env.get(name) == value)}
-        return self.alive() and wanted == self.env
+        return sorted(name for name in wanted.keys() | self.env.keys() if wanted.get(name) != self.env.get(name))
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -121,17 +126,16 @@ class ForkServer:
     def spawn(self, args: Sequence[str], *, title: str, env: Mapping[str, str], log_path: Path,
               nice: int | None = None, cpus: Sequence[int] | None = None) -> ForkedServer:
         """Fork one server running `python -m server ARGS` (after waiting for the import, if
-        still running); `title`: the command line `ps` shows for it."""
+        still running); `title`: the command line `ps` shows for it. It runs on `cpus`, else on
+        this process's CPUs (as a child of this process would)."""
         request = ForkRequest(args=list(args), title=title,
-                              env=dict(env), cwd=os.getcwd(), log_path=str(log_path),
-                              nice=nice, cpus=None if cpus is None else sorted(cpus))
+                              env=dict(env), cwd=os.getcwd(), log_path=str(log_path), nice=nice,
+                              cpus=sorted(os.sched_getaffinity(0) if cpus is None else cpus))
         if not self.wait_ready():
             raise ForkServerError(self._gone("before it had imported the server"))
         with self._lock:
             try:
-                assert self.process.stdin is not None
-                self.process.stdin.write(request.model_dump_json().encode() + b"\n")
-                self.process.stdin.flush()
+                self._send(request.model_dump_json().encode() + b"\n")
             except OSError as error:
                 raise ForkServerError(self._gone(f"on a request ({error})")) from None
             while not self._spawned:
@@ -142,6 +146,11 @@ class ForkServer:
         if isinstance(answer, str):
             raise ForkServerError(f"the fork server could not fork a server: {answer}")
         return ForkedServer(answer, self)
+
+    def _send(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
 
     def wait_ready(self) -> bool:
         """Wait for the import to finish; False if the fork server died or took too long."""
@@ -194,9 +203,8 @@ class ForkServer:
     def _gone(self, when: str) -> str:
         return f"{self.describe_exit()} {when}"
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
+    def _read(self, stream: Any) -> None:
+        for line in stream:
             try:
                 message: dict[str, Any] = json.loads(line)
             except ValueError:
@@ -205,6 +213,8 @@ class ForkServer:
             with self._lock:
                 if message.get("ready"):
                     self._import_env = dict(message.get("import_env") or {})
+                    self.env = dict(message.get("env") or self.env)
+                    self.pid = int(message.get("server_pid") or 0) or self.pid
                     self._ready = True
                 elif "pid" in message:
                     self._spawned.append(int(message["pid"]))
@@ -217,21 +227,98 @@ class ForkServer:
             self._lock.notify_all()
 
 
+class SharedForkServer(ForkServer):
+    """A connection to a fork server another process started with a socket to listen on
+    (`autotune fork-server`, a test session): closing it ends the connection, not the server."""
+
+    def __init__(self, path: Path) -> None:  # not super().__init__(): that starts a process
+        self.listen = path
+        self.env = {}
+        self.pid = None
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._socket.connect(str(path))
+        except OSError as error:
+            self._socket.close()
+            raise ForkServerSocketError(
+                f"fork server socket {path}: nobody listens there ({error.strerror or error}); "
+                "start one with `autotune fork-server --socket PATH`") from None
+        self._start_reading(self._socket.makefile("rb"))
+
+    def alive(self) -> bool:
+        return self._reader.is_alive()
+
+    def _send(self, data: bytes) -> None:
+        self._socket.sendall(data)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+        self._reader.join(timeout_s)
+
+    def describe_exit(self) -> str:
+        state = "is connected" if self.alive() else "closed the connection"
+        return f"the shared fork server at {self.listen} ({self.pid or 'pid unknown'}) {state}"
+
+
+def claim_socket_path(path: Path) -> None:
+    """Make `path` free for a new fork server's socket: a stale socket (nobody listening) is
+    removed; a live one, or anything that is not a socket, is refused in one line."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            raise ForkServerSocketError(f"fork server socket {path}: its folder does not exist") from None
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ForkServerSocketError(f"fork server socket {path}: the path exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)  # left by a fork server that died
+        return
+    finally:
+        probe.close()
+    raise ForkServerSocketError(f"fork server socket {path}: a fork server already listens there")
+
+
 class ForkServers:
-    """The fork server for the environment servers start in now: started on first use, and
-    again when the environment changed (the old one is closed). A tuner owns one; a test
+    """The fork server for the environment servers start in now: a shared one (`shared`, a
+    socket) where it imported under this environment, else one of our own, started on first use
+    and again when the environment changed (the old one is closed). A tuner owns one; a test
     session may share one among its trial runners."""
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, *, shared: Path | None = None) -> None:
         self.python = python
+        self.shared = shared
         self._current: ForkServer | None = None
 
     def for_environment(self, log_dir: Path) -> ForkServer:
         """The fork server for `os.environ` (its import then runs while the caller prepares)."""
         if self._current is None or not self._current.accepts(os.environ):
             self.close()
-            self._current = ForkServer(self.python, stderr_path=log_dir / "forkserver.log")
+            self._current = self._connect() or ForkServer(self.python, stderr_path=log_dir / "forkserver.log")
         return self._current
+
+    def _connect(self) -> ForkServer | None:
+        if self.shared is None:
+            return None
+        try:
+            server = SharedForkServer(self.shared)
+        except ForkServerSocketError as error:
+            logger.warning("%s; starting a fork server of our own", error)
+            return None
+        if not server.wait_ready():
+            logger.warning("%s before it was ready; starting a fork server of our own", server.describe_exit())
+        elif differences := server.differences(os.environ):
+            logger.info("the shared fork server at %s imported under another environment (%s); "
+                        "starting a fork server of our own", self.shared, ", ".join(differences))
+        else:
+            return server
+        server.close()
+        return None
 
     def close(self) -> None:
         if self._current is not None:
@@ -269,140 +356,8 @@ class ForkedServer:
         return self._process is not None and self._process.is_running() and not _is_gone(self._process)
 
 
-def _configuration(env: Mapping[str, str]) -> dict[str, str]:
-    return {name: value for name, value in env.items() if not name.startswith(IMPORT_FREE_PREFIXES)}
-
-
 def _process(pid: int) -> psutil.Process | None:
     try:
         return psutil.Process(pid)
     except psutil.NoSuchProcess:
         return None
-
-
-# -- the fork server's own process ------------------------------------------------------------
-
-
-def _answer(message: dict[str, Any]) -> None:
-    os.write(1, (json.dumps(message) + "\n").encode())
-
-
-def _fork(request: ForkRequest, private_fds: Sequence[int]) -> int:
-    """Fork one server and return its pid once it leads its own session and group (so the
-    launcher's first signal to the group reaches it) with its priority, CPUs and process title
-    set; in the child, never returns."""
-    settled_read, settled_write = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(settled_write)
-        os.read(settled_read, 1)  # EOF: the child closed its end, settled (or died)
-        os.close(settled_read)
-        return pid
-    code = 1
-    try:
-        os.close(settled_read)
-        os.setsid()
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL)
-        if request.nice is not None:
-            yield_cpu_to_clients(os.getpid(), request.nice)
-        if request.cpus is not None:
-            os.sched_setaffinity(0, request.cpus)
-        # The title before the environment is swapped: setproctitle finds the memory it rewrites
-        # through the environment as the process started, so afterwards neither this nor vLLM's
-        # own titles (VLLM::EngineCore, which our CPU accounting reads) would take.
-        _set_title(request.title)
-        os.close(settled_write)
-        log = os.open(request.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        for fd in (log, null, *private_fds):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        os.write(1, f"# forked by fork server {os.getppid()}: vLLM and the server already imported\n".encode())
-        os.environ.clear()
-        os.environ.update(request.env)
-        os.chdir(request.cwd)
-        sys.argv = ["server", *request.args]
-        from server.__main__ import main
-
-        code = main(request.args)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def _set_title(title: str) -> None:
-    try:
-        import setproctitle  # vLLM's dependency; without it, titles stay as they are
-    except ImportError:
-        return
-    setproctitle.setproctitle(title)
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _answer({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
-def serve() -> int:
-    """The fork server's loop: import, answer "ready", then fork on each request until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from server.__main__ import preload
-
-    before = dict(os.environ)
-    preload()
-    import_env = {name: value for name, value in os.environ.items() if before.get(name) != value}
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select loop through the pipe
-    selector = selectors.DefaultSelector()
-    selector.register(0, selectors.EVENT_READ)
-    selector.register(wake_read, selectors.EVENT_READ)
-    private = (wake_read, wake_write, selector.fileno())  # type: ignore[attr-defined]
-    _answer({"ready": True, "import_env": import_env})
-    pending = b""
-    while True:
-        for key, _ in selector.select():
-            if key.fd == wake_read:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake_read, 4096):
-                        pass
-                _reap()
-                continue
-            data = os.read(0, 65536)
-            if not data:  # the launcher closed our stdin, or is gone
-                _reap()
-                return 0
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                try:
-                    request = ForkRequest.model_validate_json(line)
-                    _answer({"pid": _fork(request, private)})
-                except Exception as error:  # a bad request or a failed fork: say so, go on
-                    _answer({"error": f"{type(error).__name__}: {error}"})
-        _reap()
-
-
-if __name__ == "__main__":
-    sys.exit(serve())

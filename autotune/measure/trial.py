@@ -210,6 +210,7 @@ class TrialRunner:
         server: TrialServer | None = None,
         cpu_split: CpuSplit | None = None,
         preload_server: bool | ForkServers = False,
+        shared_fork_server: Path | None = None,
     ):
         if warmup_requests < 0:
             raise AutotuneError(f"warm-up requests = {warmup_requests!r}: must be >= 0")
@@ -240,10 +241,11 @@ class TrialRunner:
         self.cpu_split = cpu_split
         # Our server forked from a process that imported vLLM once (autotune.measure.forkserver)
         # instead of a fresh `python -m server` per trial; a fake command never is. Given
-        # ForkServers (shared, e.g. by a test session) are used and left open by close().
+        # ForkServers (shared, e.g. by a test session) are used and left open by close(); a
+        # shared fork server's socket (`autotune fork-server`) is tried before a fork server of our own.
         self.preload_server = bool(preload_server) and server_command is None and not self.server.is_vllm
         self._given_forkservers = preload_server if isinstance(preload_server, ForkServers) else None
-        self._forkservers = self._given_forkservers or ForkServers(python)
+        self._forkservers = self._given_forkservers or ForkServers(python, shared=shared_fork_server)
 
     def forkserver(self, log_dir: Path) -> ForkServer | None:
         """The fork server the next trial's server comes from (started now if there is none

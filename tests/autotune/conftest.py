@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from autotune.measure.forkserver import ForkServers
+from autotune.measure_flags import fork_server_socket
 
 BLOCK_TOKENS = 512
 LONGEST_PROMPT = 191_000
@@ -154,6 +155,6 @@ def conversation_trace() -> Callable[..., Path]:
 def fork_servers() -> Iterator[ForkServers]:
     """One fork server for the in-process trial runners of this pytest process (or xdist
     worker): its import of vLLM (~10 s on 2 cores) is paid once, not per engine start."""
-    servers = ForkServers()
+    servers = ForkServers(shared=fork_server_socket(None, os.environ))  # make test: the session's
     yield servers
     servers.close()

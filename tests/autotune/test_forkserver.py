@@ -14,7 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.measure.forkserver import ForkedServer, ForkServer
+from autotune.measure.forkserver import (
+    ForkedServer,
+    ForkServer,
+    ForkServers,
+    ForkServerSocketError,
+    SharedForkServer,
+)
 from autotune.measure.launcher import ServerLauncher, ServerStartFailed
 from autotune.measure.server_start import SERVER_NICE
 from autotune.measure.servers import TrialServer
@@ -124,3 +130,92 @@ def test_which_runs_fork_their_servers(tmp_path: Path, flag: str, server: TrialS
     assert runner.preload_server is forks
     # A fake server command (tests') is never forked: the fork server runs our server's main.
     assert TrialRunner(preload_server=True, server_command=[sys.executable, "fake.py"]).preload_server is False
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory):
+    """A fork server other launchers connect to (as `autotune fork-server` starts one)."""
+    folder = tmp_path_factory.mktemp("shared")
+    owner = ForkServer(listen=folder / "forkserver.sock", stderr_path=folder / "forkserver.log")
+    assert owner.wait_ready()
+    yield owner
+    owner.close()
+
+
+def test_a_launcher_forks_from_a_shared_fork_server_onto_its_own_cpus(shared: ForkServer,
+                                                                        tmp_path: Path) -> None:
+    assert shared.listen is not None
+    connection = SharedForkServer(shared.listen)
+    before = os.sched_getaffinity(0)
+    mine = {min(before)}
+    os.sched_setaffinity(0, mine)  # a launcher pinned apart (as a test lane is)
+    try:
+        server = ServerLauncher(forkserver=connection).spawn(default_config(tmp_path), tmp_path / "server.log",
+                                                             port=1)
+    finally:
+        os.sched_setaffinity(0, before)
+    try:
+        assert isinstance(server.popen, ForkedServer)
+        assert psutil.Process(server.pid).ppid() == shared.process.pid
+        assert set(psutil.Process(server.pid).cpu_affinity()) == mine  # the launcher's, not the fork server's
+        os.killpg(server.pid, signal.SIGKILL)
+        assert server.popen.wait(60) == -signal.SIGKILL  # its exit comes back on this connection
+    finally:
+        assert server.stop().leftover_pids == []
+        connection.close()
+
+
+def test_a_launcher_leaving_leaves_the_shared_fork_server_to_the_others(shared: ForkServer,
+                                                                         tmp_path: Path) -> None:
+    assert shared.listen is not None
+    leaving, staying = SharedForkServer(shared.listen), SharedForkServer(shared.listen)
+    assert leaving.wait_ready() and leaving.pid == shared.process.pid
+    leaving.close()
+    assert not leaving.alive() and "closed the connection" in leaving.describe_exit()
+    config = tmp_path / "bad.yaml"
+    config.write_text("engine:\n  max_num_seqs: many\n")
+    with pytest.raises(ServerStartFailed) as failed:
+        ServerLauncher(forkserver=staying, startup_timeout_s=120).start(config, tmp_path / "server.log")
+    assert failed.value.kind == "invalid_config", failed.value.detail
+    assert f"forked by fork server {shared.process.pid}" in (tmp_path / "server.log").read_text()
+    staying.close()
+    assert shared.alive()
+
+
+def test_a_tuner_uses_the_shared_fork_server_only_in_its_environment(
+    shared: ForkServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    assert shared.listen is not None
+    servers = ForkServers(shared=shared.listen)
+    assert isinstance(servers.for_environment(tmp_path), SharedForkServer)
+    servers.close()
+    assert shared.alive()
+    monkeypatch.setenv("VLLM_AUTOTUNE_TEST_MARK", "1")  # read by no import, but the fork server can't know
+    with caplog.at_level(logging.INFO, logger="autotune.measure.forkserver"):
+        own = servers.for_environment(tmp_path)
+    try:
+        assert not isinstance(own, SharedForkServer)
+        assert "imported under another environment (VLLM_AUTOTUNE_TEST_MARK)" in caplog.text
+    finally:
+        servers.close()
+
+
+def test_the_fork_server_command_serves_until_stopped_and_removes_its_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "forkserver.sock"
+    command = subprocess.Popen([sys.executable, "-m", "autotune", "fork-server", "--socket", str(sock)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert command.stdout is not None
+        line = command.stdout.readline()  # once imported
+        assert f"listening at {sock}" in line, command.stderr.read() if command.stderr else line
+        connection = SharedForkServer(sock)
+        assert connection.wait_ready() and str(connection.pid) in line
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(60) == 128 + signal.SIGTERM
+        assert connection.wait_exit(-1, 60) is None and not connection.alive()  # the end reaches it
+        assert not sock.exists()
+        with pytest.raises(ForkServerSocketError, match="nobody listens there"):
+            SharedForkServer(sock)
+    finally:
+        command.kill()
+        command.wait()
