@@ -64,10 +64,12 @@ def _say(line: str) -> None:
 
 
 def load_shared(
-    storage: optuna.storages.BaseStorage, study_name: str, url: str, output_dir: Path
+    storage: optuna.storages.BaseStorage, study_name: str, url: str, output_dir: Path, *,
+    fork_server_socket: Path | None = None,
 ) -> TuningPlan:
-    """The plan stored in study `study_name`, for a process writing to `output_dir`;
-    AutotuneError when there is none to join."""
+    """The plan stored in study `study_name`, for a process writing to `output_dir` (forking
+    its trial servers from `fork_server_socket`'s fork server, if any); AutotuneError when there
+    is none to join."""
     try:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
@@ -84,7 +86,7 @@ def load_shared(
             f"create one with `autotune run ... --storage URL --study-name NEW --workers-only`"
         )
     try:
-        return TuningPlan.from_shared(raw, study_name=study_name, storage_url=url, output_dir=output_dir)
+        plan = TuningPlan.from_shared(raw, study_name=study_name, storage_url=url, output_dir=output_dir)
     except ValidationError as error:
         first = error.errors()[0]
         raise AutotuneError(
@@ -92,6 +94,7 @@ def load_shared(
             f"'{'.'.join(map(str, first['loc']))}': {first['msg']}); was it created by another "
             f"version of vllm-autotune? use the same version on every worker"
         ) from None
+    return plan.model_copy(update={"fork_server_socket": fork_server_socket})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,10 +330,11 @@ def run_worker(
     runner: Any = None,
     say: Callable[[str], None] = _say,
     sleep: Callable[[float], None] = time.sleep,
+    fork_server_socket: Path | None = None,
 ) -> optuna.Study:
     """Measure trials of the shared study until it has its trials (or this worker's time
     budget is spent); trials go to OUTPUT_DIR/trials/trial-NNNN (numbers are study-wide)."""
-    plan = load_shared(storage, study_name, url, output_dir)
+    plan = load_shared(storage, study_name, url, output_dir, fork_server_socket=fork_server_socket)
     check_writable(output_dir)
     roster = WorkerRoster(output_dir / "workers", identity, say=say)
     roster.join()
@@ -468,9 +472,10 @@ def finalize(
     runner: Any = None,
     say: Callable[[str], None] = _say,
     sleep: Callable[[float], None] = time.sleep,
+    fork_server_socket: Path | None = None,
 ) -> int:
     """Once the search is over: the gate, best.yaml and report.md, as `autotune run` makes."""
-    plan = load_shared(storage, study_name, url, output_dir)
+    plan = load_shared(storage, study_name, url, output_dir, fork_server_socket=fork_server_socket)
     check_writable(output_dir)
     claim = FinalizeClaim(storage, study_name, url)
     claim.take(identity, again=again)

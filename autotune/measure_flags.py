@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.measure.forkserver import SharedForkServer
 from autotune.plan import (
     DEFAULT_HOLDOUT_S,
     DEFAULT_LADDER_RESOLUTION,
@@ -60,10 +61,7 @@ def add_measurement_flags(add: Any) -> None:
         help="start each trial's server (ours, not --server vllm) by forking a process that "
              "imported vLLM once, instead of a fresh `python -m server`: ready in 0.3x the time "
              "on a 2-core CPU, 0.5x on an H200 with a 1.5B model (default: %(default)s)")
-    add("--fork-server-socket", type=Path, default=None, metavar="PATH",
-        help="fork trial servers from the shared fork server listening here (`autotune "
-             "fork-server --socket PATH`) where it imported vLLM in this environment, else from "
-             "one of our own; with --fork-servers on (default: $" + FORK_SERVER_SOCKET_ENV + ")")
+    add_fork_server_socket_flag(add)
     add("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
     add("--tuning-window", type=float, default=DEFAULT_TUNING_S, metavar="S",
         help="seconds of trace replayed per search trial; lengthened when too few requests for "
@@ -81,6 +79,14 @@ def add_measurement_flags(add: Any) -> None:
         help="replay at recorded arrival times, or closed loop with N requests in flight (default: %(default)s)")
     add("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="S",
         help="seconds a server may take to become ready before the trial fails (default: %(default)s)")
+
+
+def add_fork_server_socket_flag(add: Any) -> None:
+    """--fork-server-socket (run, retune, worker, finalize)."""
+    add("--fork-server-socket", type=Path, default=None, metavar="PATH",
+        help="fork trial servers from the shared fork server listening here (`autotune "
+             "fork-server --socket PATH`) where it imported vLLM in this environment, else from "
+             "one of our own, where fork servers are on (default: $" + FORK_SERVER_SOCKET_ENV + ")")
 
 
 def client_lag_limit(flag_ms: float | None, environ: Mapping[str, str]) -> float | None:
@@ -103,12 +109,15 @@ def client_lag_limit(flag_ms: float | None, environ: Mapping[str, str]) -> float
     return limit
 
 
-def fork_server_socket(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
-    """The shared fork server's socket: the flag, else $AUTOTUNE_FORK_SERVER_SOCKET, else None."""
-    if flag is not None:
-        return flag
+def fork_server_socket(flag: Path | None, environ: Mapping[str, str], *, fork_servers: str = "on") -> Path | None:
+    """The shared fork server's socket: the flag, else $AUTOTUNE_FORK_SERVER_SOCKET, else None
+    (and None without fork servers); one nobody listens on is refused now, in one line."""
     text = environ.get(FORK_SERVER_SOCKET_ENV, "").strip()
-    return Path(text) if text else None
+    path = flag if flag is not None else Path(text) if text else None
+    if path is None or fork_servers != "on":
+        return None
+    SharedForkServer(path).close()
+    return path
 
 
 def measurement_fields(args: argparse.Namespace,
@@ -118,7 +127,7 @@ def measurement_fields(args: argparse.Namespace,
         "max_client_lag_ms": client_lag_limit(args.max_client_lag_ms, environ),
         "client_cpus": args.client_cpus,
         "fork_servers": args.fork_servers,
-        "fork_server_socket": fork_server_socket(args.fork_server_socket, environ),
+        "fork_server_socket": fork_server_socket(args.fork_server_socket, environ, fork_servers=args.fork_servers),
         "over_context": args.over_context,
         "step_requests": args.step_requests,
         "ladder_resolution": args.ladder_resolution,

@@ -13,7 +13,6 @@ from typing import Any
 from autotune import preflight
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
-from autotune.measure.forkserver import SharedForkServer
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.servers import labelled
 from autotune.plan import TuningPlan, TuningRequest
@@ -52,8 +51,6 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     baseline, baseline_source = load_baseline(request)
     accelerator = detect_accelerator()
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
-    if request.fork_servers == "on" and request.fork_server_socket is not None:
-        SharedForkServer(request.fork_server_socket).close()  # nobody listening: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
     needs = preflight.requirements(slos, objective)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from autotune.errors import add_command
+from autotune.measure_flags import add_fork_server_socket_flag, fork_server_socket
 
 # A dead worker's trial is failed and re-queued within about a minute; a heartbeat every 10 s
 # costs one tiny UPDATE per running trial.
@@ -34,6 +36,7 @@ def _shared_flags(parser: argparse.ArgumentParser) -> None:
              "(default: %(default)s; use the same on every worker)")
     add("--max-retry", type=int, default=MAX_RETRY, metavar="N",
         help="times a lost trial is re-queued (default: %(default)s)")
+    add_fork_server_socket_flag(add)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,6 +79,7 @@ def worker_command(args: argparse.Namespace) -> int:
     # `autotune --help`, which registers these flags.
     from autotune.distributed import WorkerIdentity, connect, run_worker
 
+    fork_server = fork_server_socket(args.fork_server_socket, os.environ)  # refused before connecting
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
                       grace_period_s=args.grace_period, max_retry=args.max_retry)
     # SIGTERM (a pod being deleted) and SIGHUP stop the trial's server and hand the trial back,
@@ -87,6 +91,7 @@ def worker_command(args: argparse.Namespace) -> int:
         identity=WorkerIdentity.detect(args.worker_id),
         output_dir=args.output_dir or Path("results") / args.study,
         max_retry=args.max_retry,
+        fork_server_socket=fork_server,
     )
     return 0
 
@@ -94,6 +99,7 @@ def worker_command(args: argparse.Namespace) -> int:
 def finalize_command(args: argparse.Namespace) -> int:
     from autotune.distributed import WorkerIdentity, connect, finalize
 
+    fork_server = fork_server_socket(args.fork_server_socket, os.environ)  # refused before connecting
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
                       grace_period_s=args.grace_period, max_retry=args.max_retry)
     return finalize(
@@ -105,4 +111,5 @@ def finalize_command(args: argparse.Namespace) -> int:
         partial=args.partial,
         again=args.again,
         wait_timeout_s=args.wait,
+        fork_server_socket=fork_server,
     )

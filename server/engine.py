@@ -59,6 +59,9 @@ class EngineSettings(BaseModel):
     engine_core_start: str | None = None
     """How the engine core's process was started: "fork" or "spawn" (choose_engine_core_start);
     known once the engine has started."""
+    torch_threads: int | None = None
+    """torch's CPU threads in the server's process as the engine started (a forked engine core
+    starts with them): as many as its CPUs, unless OMP_NUM_THREADS says otherwise."""
 
 
 def usage_context() -> Any:
@@ -221,6 +224,9 @@ class Engine:
             keep_cpu_worker_in_engine_core()
             vllm_config = resolve_engine_config(config)
         choose_engine_core_start(config, vllm_config)
+        import torch  # imported with vLLM
+
+        torch_threads = torch.get_num_threads()
         llm = AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
             usage_context=usage_context(),
@@ -230,6 +236,7 @@ class Engine:
         engine = cls.attach(llm, vllm_config)
         # vLLM's own default is fork; where it had to spawn, it wrote that into the variable.
         engine.settings.engine_core_start = os.environ.get(START_METHOD_ENV, "fork")
+        engine.settings.torch_threads = torch_threads
         return engine
 
     @classmethod

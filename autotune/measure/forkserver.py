@@ -27,7 +27,8 @@ when it forks its engine core (after importing vLLM, before CUDA is initialised)
   A server runs on its launcher's CPUs (sent with each request), as a child of the launcher
   would, not on the fork server's.
 - A server's environment must be the one the fork server imported under (save the launcher's
-  pid and IMPORT_FREE_PREFIXES): vLLM and torch read some variables at import.
+  pid and the variables forkserver_process.configuration leaves out): vLLM and torch read some
+  variables at import.
   `ForkServer.accepts(env)` says so; the launcher starts such a server the usual way, or a new
   fork server for a changed environment.
 """
@@ -76,8 +77,7 @@ class ForkServer:
     def __init__(self, python: str = sys.executable, *, env: Mapping[str, str] | None = None,
                  stderr_path: Path | None = None, listen: Path | None = None) -> None:
         self.listen = listen
-        if listen is not None:
-            claim_socket_path(listen)
+        listener = None if listen is None else bind_socket(listen)
         self.env = configuration(os.environ if env is None else env)
         stderr: int | BinaryIO = subprocess.DEVNULL
         if stderr_path is not None:
@@ -85,16 +85,20 @@ class ForkServer:
             stderr = open(stderr_path, "ab")  # noqa: SIM115 (closed below, once Popen has it)
         try:
             self.process = subprocess.Popen(
-                [python, "-m", MODULE, *([] if listen is None else ["--listen", str(listen)])],
+                [python, "-m", MODULE,
+                 *([] if listener is None else ["--listen-fd", str(listener.fileno()), "--socket-path", str(listen)])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 env=self.env,
                 start_new_session=True,  # a Ctrl-C in the terminal is for the tuner
+                pass_fds=() if listener is None else (listener.fileno(),),
             )
         finally:
             if not isinstance(stderr, int):
                 stderr.close()
+            if listener is not None:
+                listener.close()  # the fork server's now
         self.pid: int | None = self.process.pid
         self._start_reading(self.process.stdout)
 
@@ -194,6 +198,8 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.listen is not None:  # it removes its socket, unless killed before it could
+            self.listen.unlink(missing_ok=True)
 
     def describe_exit(self) -> str:
         code = self.process.poll()
@@ -284,6 +290,21 @@ def claim_socket_path(path: Path) -> None:
     raise ForkServerSocketError(f"fork server socket {path}: a fork server already listens there")
 
 
+def bind_socket(path: Path) -> socket.socket:
+    """A Unix socket listening at `path` (claimed first), for this user only: a request runs code
+    as us. Bound here, before the fork server imports, so that launchers may connect at once."""
+    claim_socket_path(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(path))
+        os.chmod(path, 0o600)  # before listening: until then nobody can connect
+    except OSError as error:
+        listener.close()
+        raise ForkServerSocketError(f"fork server socket {path}: cannot listen there ({error.strerror or error})") from None
+    listener.listen(64)
+    return listener
+
+
 class ForkServers:
     """The fork server for the environment servers start in now: a shared one (`shared`, a
     socket) where it imported under this environment, else one of our own, started on first use
@@ -313,7 +334,7 @@ class ForkServers:
         if not server.wait_ready():
             logger.warning("%s before it was ready; starting a fork server of our own", server.describe_exit())
         elif differences := server.differences(os.environ):
-            logger.info("the shared fork server at %s imported under another environment (%s); "
+            logger.warning("the shared fork server at %s imported under another environment (%s); "
                         "starting a fork server of our own", self.shared, ", ".join(differences))
         else:
             return server

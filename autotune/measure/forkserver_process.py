@@ -1,10 +1,10 @@
-"""The fork server's own process (`python -m autotune.measure.forkserver_process [--listen PATH]`):
+"""The fork server's own process (`python -m autotune.measure.forkserver_process`):
 import the server stack once, then fork a server on each request (autotune.measure.forkserver
 is the launcher's side and says why).
 
 It reads JSON lines from its owner on stdin and answers on stdout: "ready" once imported (with
 the environment it imported under), the pid of each server forked, and each server's exit status
-once it has reaped it. With `--listen PATH` it also accepts connections on that Unix socket and
+once it has reaped it. Given a listening Unix socket (`--listen-fd`) it also accepts connections and
 answers each the same way (each server's exit goes to the connection that asked for it). It is
 single-threaded (one select loop, SIGCHLD through a wakeup pipe), so nothing is forked while
 another thread holds a lock; it ends when its owner closes its stdin, and removes its socket.
@@ -29,8 +29,10 @@ from autotune.measure.server_start import yield_cpu_to_clients
 
 # Variables no import reads, so a server may differ from the fork server in them (the child gets
 # its whole environment all the same): ours (the server reads the launcher's pid, AUTOTUNE_PARENT_PID,
-# when it starts; the tuner reads the others), and pytest's (the test running, the xdist worker).
+# when it starts; the tuner reads the others), pytest's (the test running, the xdist worker), and
+# the terminal's size (read when printing; xdist workers set it).
 IMPORT_FREE_PREFIXES = ("AUTOTUNE_", "PYTEST_")
+IMPORT_FREE_NAMES = frozenset({"COLUMNS", "LINES"})
 
 
 class ForkRequest(BaseModel):
@@ -47,7 +49,8 @@ class ForkRequest(BaseModel):
 
 def configuration(env: Mapping[str, str]) -> dict[str, str]:
     """The part of an environment that imports may read (what must match to share a fork server)."""
-    return {name: value for name, value in env.items() if not name.startswith(IMPORT_FREE_PREFIXES)}
+    return {name: value for name, value in env.items()
+            if not (name.startswith(IMPORT_FREE_PREFIXES) or name in IMPORT_FREE_NAMES)}
 
 
 class _Connection:
@@ -98,6 +101,7 @@ def _fork(request: ForkRequest, private_fds: Sequence[int]) -> int:
             yield_cpu_to_clients(os.getpid(), request.nice)
         if request.cpus is not None:
             os.sched_setaffinity(0, request.cpus)
+            _size_threads_to(len(request.cpus), request.env)
         # The title before the environment is swapped: setproctitle finds the memory it rewrites
         # through the environment as the process started, so afterwards neither this nor vLLM's
         # own titles (VLLM::EngineCore, which our CPU accounting reads) would take.
@@ -132,12 +136,15 @@ def _fork(request: ForkRequest, private_fds: Sequence[int]) -> int:
         os._exit(code)
 
 
-def _set_title(title: str) -> None:
-    try:
-        import setproctitle  # vLLM's dependency; without it, titles stay as they are
-    except ImportError:
-        return
-    setproctitle.setproctitle(title)
+def _size_threads_to(cpus: int, env: Mapping[str, str]) -> None:
+    """Give the server (and the engine core it forks) as many OpenMP threads as it has CPUs, as a
+    fresh process gets when torch loads: this one inherited the count from the fork server's
+    CPUs at its import. Two threads on one CPU wait on each other at every parallel region: a
+    lane test's tuner, forked onto 1 of 2 cores from a fork server imported on both, took 266 s
+    against 102 s. OMP_NUM_THREADS, where set, already sized it (the environments match)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and "OMP_NUM_THREADS" not in env:
+        torch.set_num_threads(cpus)
 
 
 def _set_title(title: str) -> None:
@@ -232,38 +239,36 @@ class _ForkLoop:
             connection.answer({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def serve(listen: str | None = None) -> int:
+def serve(listen_fd: int | None = None, socket_path: str | None = None) -> int:
     """The fork server's loop: import, answer "ready", then fork on each request until its owner
-    closes stdin; with `listen`, also for each client of that Unix socket."""
+    closes stdin; with `listen_fd` (a Unix socket its owner bound at `socket_path`, so that a
+    launcher may connect at once and wait for "ready" as the owner does), also for each client
+    of that socket, which it removes when it ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from server.__main__ import preload
-
-    before = dict(os.environ)
-    preload()
-    hello = {"ready": True, "server_pid": os.getpid(), "env": configuration(before),
-             "import_env": {name: value for name, value in os.environ.items() if before.get(name) != value}}
-    listener = None
-    if listen is not None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        umask = os.umask(0o177)  # this user's launchers only: a request runs code as us
-        try:
-            listener.bind(listen)
-        finally:
-            os.umask(umask)
-        listener.listen(64)
+    listener = None if listen_fd is None else socket.socket(fileno=listen_fd)
     try:
+        from server.__main__ import preload
+
+        before = dict(os.environ)
+        preload()
+        hello = {"ready": True, "server_pid": os.getpid(), "env": configuration(before),
+                 "import_env": {name: value for name, value in os.environ.items() if before.get(name) != value}}
         return _ForkLoop(hello, listener).run()
     finally:
         if listener is not None:
             listener.close()
+        if socket_path is not None:
             with contextlib.suppress(OSError):
-                os.unlink(listen)  # type: ignore[arg-type]
+                os.unlink(socket_path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotune.measure.forkserver_process")
-    parser.add_argument("--listen", metavar="PATH", help="also serve launchers connecting to this Unix socket")
-    return serve(parser.parse_args(argv).listen)
+    parser.add_argument("--listen-fd", type=int, metavar="FD",
+                        help="also serve launchers connecting to this listening Unix socket")
+    parser.add_argument("--socket-path", metavar="PATH", help="where that socket is (removed at the end)")
+    args = parser.parse_args(argv)
+    return serve(args.listen_fd, args.socket_path)
 
 
 if __name__ == "__main__":

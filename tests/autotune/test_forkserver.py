@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -116,6 +118,12 @@ def test_closing_ends_the_fork_server(tmp_path: Path) -> None:
     server.close()  # while it still imports: it is not waited for
     assert server.process.returncode is not None
     assert not server.alive()
+    sock = tmp_path / "forkserver.sock"
+    shared = ForkServer(stderr_path=tmp_path / "forkserver.log", listen=sock)
+    waiting = SharedForkServer(sock)
+    shared.close()
+    assert not waiting.wait_ready() and "closed the connection" in waiting.describe_exit()
+    assert not sock.exists()
 
 
 @pytest.mark.parametrize(("flag", "server", "forks"), [
@@ -132,44 +140,56 @@ def test_which_runs_fork_their_servers(tmp_path: Path, flag: str, server: TrialS
     assert TrialRunner(preload_server=True, server_command=[sys.executable, "fake.py"]).preload_server is False
 
 
+@dataclass
+class Shared:
+    owner: ForkServer  # started with a socket to listen on
+    early: SharedForkServer  # a launcher that connected before the import was done
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory):
     """A fork server other launchers connect to (as `autotune fork-server` starts one)."""
     folder = tmp_path_factory.mktemp("shared")
     owner = ForkServer(listen=folder / "forkserver.sock", stderr_path=folder / "forkserver.log")
-    assert owner.wait_ready()
-    yield owner
+    # A launcher may connect as soon as the fork server is started: it waits for the import.
+    early = SharedForkServer(folder / "forkserver.sock")
+    yield Shared(owner, early)
+    early.close()
     owner.close()
+    assert not (folder / "forkserver.sock").exists()
 
 
-def test_a_launcher_forks_from_a_shared_fork_server_onto_its_own_cpus(shared: ForkServer,
+def test_a_launcher_forks_from_a_shared_fork_server_onto_its_own_cpus(shared: Shared,
                                                                         tmp_path: Path) -> None:
-    assert shared.listen is not None
-    connection = SharedForkServer(shared.listen)
+    connection = shared.early
+    assert connection.wait_ready() and connection.pid == shared.owner.process.pid
     before = os.sched_getaffinity(0)
     mine = {min(before)}
     os.sched_setaffinity(0, mine)  # a launcher pinned apart (as a test lane is)
     try:
-        server = ServerLauncher(forkserver=connection).spawn(default_config(tmp_path), tmp_path / "server.log",
-                                                             port=1)
+        server = ServerLauncher(forkserver=connection, startup_timeout_s=300).start(
+            default_config(tmp_path), tmp_path / "server.log")
     finally:
         os.sched_setaffinity(0, before)
     try:
         assert isinstance(server.popen, ForkedServer)
-        assert psutil.Process(server.pid).ppid() == shared.process.pid
+        assert psutil.Process(server.pid).ppid() == shared.owner.process.pid
         assert set(psutil.Process(server.pid).cpu_affinity()) == mine  # the launcher's, not the fork server's
+        # As many torch (OpenMP) threads as its one CPU, as a fresh process there would have, not
+        # the fork server's count: two on one CPU served 40x slower (benchmarks/forked_threads.py).
+        info = httpx.get(f"http://{server.host}:{server.port}/info", timeout=30).json()
+        assert info["engine"]["torch_threads"] == 1, info
         os.killpg(server.pid, signal.SIGKILL)
         assert server.popen.wait(60) == -signal.SIGKILL  # its exit comes back on this connection
     finally:
         assert server.stop().leftover_pids == []
-        connection.close()
 
 
-def test_a_launcher_leaving_leaves_the_shared_fork_server_to_the_others(shared: ForkServer,
+def test_a_launcher_leaving_leaves_the_shared_fork_server_to_the_others(shared: Shared,
                                                                          tmp_path: Path) -> None:
-    assert shared.listen is not None
-    leaving, staying = SharedForkServer(shared.listen), SharedForkServer(shared.listen)
-    assert leaving.wait_ready() and leaving.pid == shared.process.pid
+    assert shared.owner.listen is not None
+    leaving, staying = SharedForkServer(shared.owner.listen), SharedForkServer(shared.owner.listen)
+    assert leaving.wait_ready() and leaving.pid == shared.owner.process.pid
     leaving.close()
     assert not leaving.alive() and "closed the connection" in leaving.describe_exit()
     config = tmp_path / "bad.yaml"
@@ -177,21 +197,21 @@ def test_a_launcher_leaving_leaves_the_shared_fork_server_to_the_others(shared: 
     with pytest.raises(ServerStartFailed) as failed:
         ServerLauncher(forkserver=staying, startup_timeout_s=120).start(config, tmp_path / "server.log")
     assert failed.value.kind == "invalid_config", failed.value.detail
-    assert f"forked by fork server {shared.process.pid}" in (tmp_path / "server.log").read_text()
+    assert f"forked by fork server {shared.owner.process.pid}" in (tmp_path / "server.log").read_text()
     staying.close()
-    assert shared.alive()
+    assert shared.owner.alive()
 
 
 def test_a_tuner_uses_the_shared_fork_server_only_in_its_environment(
-    shared: ForkServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+    shared: Shared, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    assert shared.listen is not None
-    servers = ForkServers(shared=shared.listen)
+    assert shared.owner.listen is not None
+    servers = ForkServers(shared=shared.owner.listen)
     assert isinstance(servers.for_environment(tmp_path), SharedForkServer)
     servers.close()
-    assert shared.alive()
+    assert shared.owner.alive()
     monkeypatch.setenv("VLLM_AUTOTUNE_TEST_MARK", "1")  # read by no import, but the fork server can't know
-    with caplog.at_level(logging.INFO, logger="autotune.measure.forkserver"):
+    with caplog.at_level(logging.WARNING, logger="autotune.measure.forkserver"):
         own = servers.for_environment(tmp_path)
     try:
         assert not isinstance(own, SharedForkServer)

@@ -65,3 +65,15 @@ def test_the_fork_server_command_refuses_a_path_it_cannot_listen_on(
     err = one_line_refusal(capsys, "fork-server", "--socket", regular)
     assert f"fork server socket {regular}: the path exists and is not a socket" in err
     assert regular.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["worker", "finalize"])
+def test_a_worker_pointed_at_a_socket_nobody_listens_on_is_refused_before_it_connects(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = tmp_path / "study.db"
+    sock = tmp_path / "nobody.sock"
+    err = one_line_refusal(capsys, command, "--storage", f"sqlite:///{database}", "--study", "s",
+                           "--output-dir", tmp_path / "out", "--fork-server-socket", sock)
+    assert f"fork server socket {sock}: nobody listens there" in err
+    assert not database.exists()  # the study's database not even opened
