@@ -49,12 +49,23 @@ def test_tests_sharing_the_session_server_share_a_lane_and_the_lanes_are_balance
     totals = [0.0, 0.0]
     for item in items[:-1]:
         totals[found[item.nodeid]] += lanes.engine_seconds(item)
-    totals[found["server::0"]] += lanes.SHARED_START_SECONDS
+    totals[found["server::0"]] += lanes.SHARED_START_SECONDS["server"]
     # The longest unit first, each to the lane with the least so far: a 70 | b 60, c 40 (60 + 40),
-    # the server's tests (a 20 s start + 10 x 2 s) 70 + 40, d 30 -> 110 | 130.
+    # the server's tests (a 30 s start + 10 x 1 s) 70 + 40, d 30 -> 110 | 130 (no split does better).
     assert sorted(totals) == [110.0, 130.0]
     assert lanes.engine_lanes(list(reversed(items)), 2) == found  # the same on every worker
     assert set(lanes.engine_lanes(items, 1).values()) == {0}
+
+
+def test_a_unit_moves_or_swaps_out_of_the_longest_lane_where_that_shortens_it() -> None:
+    items = [FakeItem("a", seconds=30), FakeItem("b", seconds=30), FakeItem("c", seconds=20),
+             FakeItem("d", seconds=20), FakeItem("e", seconds=20)]
+    found = lanes.engine_lanes(items, 2)
+    totals = [0.0, 0.0]
+    for item in items:
+        totals[found[item.nodeid]] += lanes.engine_seconds(item)
+    # Longest first alone: a | b, c | d, e -> 70 | 50; a 30 swapped with a 20 -> 60 | 60.
+    assert sorted(totals) == [60.0, 60.0]
 
 
 def test_each_lane_gets_its_own_cpus_unless_there_are_fewer_cpus_than_lanes() -> None:

@@ -46,7 +46,7 @@ def slos_scaled_to(lone: ReplaySummary) -> list[SLO]:
 
 # Load-sensitive: beside the tests without an engine a lone answer took 3.5 s instead of 0.65 s
 # and the test 105 s instead of 58 s.
-@pytest.mark.engine(starts=3, seconds=68, load_sensitive=True)
+@pytest.mark.engine(starts=3, seconds=53, load_sensitive=True)
 @pytest.mark.slow
 def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path, fork_servers) -> None:
     # Answers of 200-260 tokens at 3 req/s: one sequence at a time needs ~0.65 s each on
@@ -94,7 +94,7 @@ def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path, f
     assert found["defaults"] > 0, (slos, found)
 
 
-@pytest.mark.engine(starts=1, seconds=36)
+@pytest.mark.engine(starts=1, seconds=45)
 def test_autotune_run_reports_the_baselines_capacity_and_headroom(tmp_path: Path) -> None:
     """The default objective end to end with one launch: the baseline's ladder, the
     headroom line first in report.md and in the last lines, capacity in best.yaml."""

@@ -40,7 +40,7 @@ def translation_like_window() -> Trace:
     )
 
 
-@pytest.mark.engine(starts=1, seconds=27)  # its own: the trial launches and stops the server itself
+@pytest.mark.engine(starts=1, seconds=25)  # its own: the trial launches and stops the server itself
 def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path, fork_servers) -> None:
     study_dir = tmp_path / "study"
     trial_dir = study_dir / "trial-0000"
@@ -123,7 +123,7 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path, fork_serv
     print("\ntrial wall-time breakdown:", json.dumps(breakdown, indent=2))
 
 
-@pytest.mark.engine(starts=0, seconds=9)  # the real server, but it exits before building an engine
+@pytest.mark.engine(starts=0, seconds=12)  # the real server, but it exits before building an engine
 @pytest.mark.parametrize(
     ("values", "named"),
     [
