@@ -25,7 +25,9 @@ when it forks its engine core (after importing vLLM, before CUDA is initialised)
   answers each connection as it answers its owner, and each launcher connects with
   `SharedForkServer(PATH)` (`--fork-server-socket`). The owner's stdin still decides its end.
   A server runs on its launcher's CPUs (sent with each request), as a child of the launcher
-  would, not on the fork server's.
+  would, not on the fork server's, with as many torch threads as those CPUs (a fresh process
+  sizes its OpenMP pool from its CPUs when torch loads; a forked one inherited the fork
+  server's: 2 threads on 1 CPU served 45-49x slower, results/benchmarks/forked_threads.md).
 - A server's environment must be the one the fork server imported under (save the launcher's
   pid and the variables forkserver_process.configuration leaves out): vLLM and torch read some
   variables at import.
