@@ -20,8 +20,10 @@ one test at a time by one worker, while the other workers run every other test b
 Each lane runs on its own CPUs (half of those allowed; one core each on 2 cores), and so does
 every process its tests start. Two end-to-end engine tests side by side on 2 cores took 97 s
 unpinned, as long as one after the other (96 s), and 51 s each pinned to a core of its own, as
-long as alone (why unpinned engines collide is not established: vLLM sets no affinity here; the
-trial servers run in autogroups of their own at nice 10). Two lanes without pinning took 711 s
+long as alone. The cause is OpenMP: torch sizes each engine's thread pool from its CPUs, and two
+engines' 4 threads on 2 cores wait for each other at every parallel region; with
+OMP_NUM_THREADS=1, unpinned, the same pair took 54 s and 49 s
+(results/benchmarks/engine_lanes_omp_2026-11-28.log). Two lanes without pinning took 711 s
 against 704 s for one lane; pinned, 501-533 s (results/test-suite-runs.md). The tests sharing a
 session-scoped engine or cluster (the `server` fixture, PostgreSQL) share a lane; the lanes are
 balanced by each test's `@pytest.mark.engine(seconds=S)`, its measured duration in make test.
