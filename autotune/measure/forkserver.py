@@ -212,6 +212,12 @@ class ForkServer:
         return f"{self.describe_exit()} {when}"
 
     def _read(self, stream: Any) -> None:
+        with contextlib.suppress(OSError):  # a connection reset: the end, as at EOF
+            self._read_lines(stream)
+        with self._lock:
+            self._lock.notify_all()
+
+    def _read_lines(self, stream: Any) -> None:
         for line in stream:
             try:
                 message: dict[str, Any] = json.loads(line)
@@ -231,8 +237,6 @@ class ForkServer:
                 elif "exit" in message:
                     self._exits[int(message["exit"])] = int(message["code"])
                 self._lock.notify_all()
-        with self._lock:
-            self._lock.notify_all()
 
 
 class SharedForkServer(ForkServer):

@@ -33,6 +33,7 @@ from autotune.measure.server_start import yield_cpu_to_clients
 # the terminal's size (read when printing; xdist workers set it).
 IMPORT_FREE_PREFIXES = ("AUTOTUNE_", "PYTEST_")
 IMPORT_FREE_NAMES = frozenset({"COLUMNS", "LINES"})
+SEND_TIMEOUT_S = 10.0  # a socket client that reads none of its answers for this long is dropped
 
 
 class ForkRequest(BaseModel):
@@ -68,10 +69,23 @@ class _Connection:
             return
         data = (json.dumps(message) + "\n").encode()
         try:
-            while data:
-                data = data[os.write(self.write_fd, data):]
-        except OSError:  # the launcher is gone: its servers are still reaped, unreported
+            if self.socket is not None:
+                self.socket.sendall(data)  # within SEND_TIMEOUT_S (see _ForkLoop.run)
+            else:
+                while data:
+                    data = data[os.write(self.write_fd, data):]
+        except OSError:  # the launcher is gone (or stopped reading): its servers are still reaped, unreported
             self.open = False
+            if self.socket is not None:  # it sees the end, not a half-written answer
+                with contextlib.suppress(OSError):
+                    self.socket.shutdown(socket.SHUT_RDWR)
+
+    def read(self) -> bytes:
+        """What the launcher sent (b"" once it has closed its end, or is gone)."""
+        try:
+            return self.socket.recv(65536) if self.socket is not None else os.read(self.read_fd, 65536)
+        except OSError:
+            return b""
 
     def close(self) -> None:
         self.open = False
@@ -197,6 +211,8 @@ class _ForkLoop:
                 elif self.listener is not None and key.fd == self.listener.fileno():
                     with contextlib.suppress(OSError):
                         client, _ = self.listener.accept()
+                        # A launcher that stops reading must not stall the others' forks.
+                        client.settimeout(SEND_TIMEOUT_S)
                         self._add(_Connection(client.fileno(), client.fileno(), client))
                 elif not self._serve(key.data):
                     return 0
@@ -204,10 +220,7 @@ class _ForkLoop:
 
     def _serve(self, connection: _Connection) -> bool:
         """Read and answer `connection`'s requests; False once the owner has gone."""
-        try:
-            data = os.read(connection.read_fd, 65536)
-        except OSError:
-            data = b""
+        data = connection.read()
         if not data:  # the launcher closed its end, or is gone
             self.selector.unregister(connection.read_fd)
             if connection is self.owner:

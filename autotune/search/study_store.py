@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import os
 import sqlite3
@@ -136,7 +137,7 @@ def check_sqlite_database(url: str) -> None:
             rows = db.execute("PRAGMA integrity_check").fetchall()
             problems = [row[0].decode("utf-8", "replace") for row in rows]
             if problems == ["ok"]:
-                problems = _undecodable_text(db) or _damaged_json(db) or problems
+                problems = _undecodable_text(db) or _damaged_json(db) or _damaged_datetimes(db) or problems
     except sqlite3.OperationalError as error:
         if "locked" in str(error) or "busy" in str(error):
             return  # in use by another process, not damaged; opening it will tell
@@ -192,6 +193,24 @@ def _damaged_json(db: sqlite3.Connection) -> list[str]:
                 json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
             except (UnicodeDecodeError, ValueError):
                 return [f"{table}.{column} of row {rowid} is not valid JSON"]
+    return []
+
+
+def _damaged_datetimes(db: sqlite3.Connection) -> list[str]:
+    """The first value of a DATETIME column that is not a date and time, as a problem line: one
+    byte overwritten in a trial's start time passed the checks above, and Optuna's load failed in
+    SQLAlchemy with "Invalid isoformat string" (a traceback, found by hypothesis)."""
+    tables = [row[0].decode() for row in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    for table in tables:
+        for column in (row[1].decode() for row in db.execute(f"PRAGMA table_info(\"{table}\")")
+                       if row[2].decode().upper() == "DATETIME"):
+            query = f'SELECT rowid, "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL'  # noqa: S608 - names from the schema
+            for rowid, raw in db.execute(query):
+                try:
+                    dt.datetime.fromisoformat(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+                except (UnicodeDecodeError, ValueError):
+                    return [f"{table}.{column} of row {rowid} is not a date and time"]
     return []
 
 
@@ -279,7 +298,15 @@ class StudyStore:
                 self.say(f"ended {len(ended)} server process(es) a previous run left behind: {ended}")
         previous = 0
         if exists:
-            previous = len(optuna.load_study(study_name=options.study_name, storage=storage).trials)
+            try:
+                previous = len(optuna.load_study(study_name=options.study_name, storage=storage).trials)
+            except Exception as error:  # noqa: BLE001 - damage the checks above did not name
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise AutotuneError(
+                    f"study {options.study_name!r} in {url} cannot be read ({reason}); if the file "
+                    f"is damaged, move it aside and start a new study (drop --resume), or pass "
+                    f"another --output-dir / --storage"
+                ) from None
         # On resume a fresh sampler seeded alike would re-propose the first run's random
         # points; offsetting by the trials so far keeps runs reproducible and distinct.
         with warnings.catch_warnings():

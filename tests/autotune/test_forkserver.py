@@ -4,11 +4,14 @@ real fork server, real `server.__main__.main` in the child; no engine is waited 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,3 +242,30 @@ def test_the_fork_server_command_serves_until_stopped_and_removes_its_socket(tmp
     finally:
         command.kill()
         command.wait()
+
+
+def test_a_launcher_that_stops_reading_is_dropped_and_the_others_are_served(shared: Shared,
+                                                                            tmp_path: Path) -> None:
+    assert shared.owner.listen is not None
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.connect(str(shared.owner.listen))
+    # Requests it never reads the answers to: more than the socket buffers hold.
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            stuck.sendall(b"{}\n" * 50_000)
+
+    threading.Thread(target=flood, daemon=True).start()
+    staying = SharedForkServer(shared.owner.listen)
+    config = tmp_path / "bad.yaml"
+    config.write_text("engine:\n  max_num_seqs: many\n")
+    with pytest.raises(ServerStartFailed) as failed:  # answered once the stuck one is dropped
+        ServerLauncher(forkserver=staying, startup_timeout_s=120).start(config, tmp_path / "server.log")
+    assert failed.value.kind == "invalid_config", failed.value.detail
+    received = b""
+    stuck.settimeout(120)
+    while chunk := stuck.recv(1 << 20):  # ends: the fork server shut the connection
+        received += chunk
+    assert 0 < received.count(b"\n") < 50_000
+    stuck.close()
+    staying.close()
+    assert shared.owner.alive()

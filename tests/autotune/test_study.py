@@ -268,6 +268,8 @@ def study_database(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 # Found by hypothesis in two fresh clones: one byte inside an index's copy of an attribute key.
 @example(damage="overwrite", where=0.5703125, length=1, seed=0)
+# And in a third: one byte of a trial's start time (see test_a_bad_value_inside_an_intact_database...).
+@example(damage="overwrite", where=0.392578125, length=1, seed=1)
 @given(
     damage=st.sampled_from(["truncate", "overwrite", "zero"]),
     where=st.floats(0, 1, exclude_max=True),
@@ -323,7 +325,10 @@ def test_a_damaged_study_database_is_refused_in_one_line_or_resumed(
      "trial_user_attributes.key of row 1 is not UTF-8 text"),
     ("UPDATE trial_user_attributes SET value_json = '{\"broken' WHERE rowid = 1",
      "trial_user_attributes.value_json of row 1 is not valid JSON"),
-], ids=["key-not-utf8", "broken-json"])
+    # Hypothesis found it (one byte of a start time overwritten): SQLAlchemy's "Invalid isoformat string".
+    ("UPDATE trials SET datetime_start = '2026-11-28 01:58:39.\"06023' WHERE rowid = 1",
+     "trials.datetime_start of row 1 is not a date and time"),
+], ids=["key-not-utf8", "broken-json", "broken-datetime"])
 def test_a_bad_value_inside_an_intact_database_is_refused_up_front(
     tmp_path: Path, update: str, problem: str
 ) -> None:
