@@ -162,21 +162,31 @@ _JSON_COLUMNS = (
 )
 
 
+def _columns(db: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    """Every (table, column, declared type in capitals) of the database's own tables."""
+    tables = [row[0].decode() for row in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    return [(table, row[1].decode(), row[2].decode().upper())
+            for table in tables for row in db.execute(f"PRAGMA table_info(\"{table}\")")]
+
+
+def _first_line(error: BaseException) -> str:
+    """An error's first line (SQLAlchemy appends the SQL and a link on further lines)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def _undecodable_text(db: sqlite3.Connection) -> list[str]:
     """The first text value of any table that is not UTF-8, as a problem line: a byte
     overwritten inside an attribute's key passes SQLite's page checks, and Optuna's load then
     failed with SQLAlchemy's "Could not decode to UTF-8" (a traceback, found by hypothesis)."""
-    tables = [row[0].decode() for row in db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
-    for table in tables:
-        columns = [row[1].decode() for row in db.execute(f"PRAGMA table_info(\"{table}\")")]
-        for column in columns:
-            query = f'SELECT rowid, "{column}" FROM "{table}" WHERE typeof("{column}") = \'text\''  # noqa: S608 - names from the schema
-            for rowid, raw in db.execute(query):
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    return [f"{table}.{column} of row {rowid} is not UTF-8 text"]
+    for table, column, _ in _columns(db):
+        query = f'SELECT rowid, "{column}" FROM "{table}" WHERE typeof("{column}") = \'text\''  # noqa: S608 - names from the schema
+        for rowid, raw in db.execute(query):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return [f"{table}.{column} of row {rowid} is not UTF-8 text"]
     return []
 
 
@@ -200,17 +210,15 @@ def _damaged_datetimes(db: sqlite3.Connection) -> list[str]:
     """The first value of a DATETIME column that is not a date and time, as a problem line: one
     byte overwritten in a trial's start time passed the checks above, and Optuna's load failed in
     SQLAlchemy with "Invalid isoformat string" (a traceback, found by hypothesis)."""
-    tables = [row[0].decode() for row in db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
-    for table in tables:
-        for column in (row[1].decode() for row in db.execute(f"PRAGMA table_info(\"{table}\")")
-                       if row[2].decode().upper() == "DATETIME"):
-            query = f'SELECT rowid, "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL'  # noqa: S608 - names from the schema
-            for rowid, raw in db.execute(query):
-                try:
-                    dt.datetime.fromisoformat(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-                except (UnicodeDecodeError, ValueError):
-                    return [f"{table}.{column} of row {rowid} is not a date and time"]
+    for table, column, declared in _columns(db):
+        if declared != "DATETIME":
+            continue
+        query = f'SELECT rowid, "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL'  # noqa: S608 - names from the schema
+        for rowid, raw in db.execute(query):
+            try:
+                dt.datetime.fromisoformat(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+            except (UnicodeDecodeError, ValueError):
+                return [f"{table}.{column} of row {rowid} is not a date and time"]
     return []
 
 
@@ -279,7 +287,7 @@ class StudyStore:
             existing = set(optuna.get_all_study_names(storage))
         except Exception as error:  # noqa: BLE001 - any backend error is a bad --storage for the user
             # SQLAlchemy appends the SQL and a link on further lines: the first one says why.
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            reason = _first_line(error)
             raise AutotuneError(f"--storage {url!r}: cannot open it: {reason}") from None
         exists = options.study_name in existing
         if exists and not options.resume:
@@ -301,7 +309,7 @@ class StudyStore:
             try:
                 previous = len(optuna.load_study(study_name=options.study_name, storage=storage).trials)
             except Exception as error:  # noqa: BLE001 - damage the checks above did not name
-                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                reason = _first_line(error)
                 raise AutotuneError(
                     f"study {options.study_name!r} in {url} cannot be read ({reason}); if the file "
                     f"is damaged, move it aside and start a new study (drop --resume), or pass "
