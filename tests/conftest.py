@@ -15,23 +15,25 @@ written as FAILED with what held before the failure.
 
 The `postgres` marker is set here from the fixture a test uses (`postgres_url`), so that a
 test cannot forget it. Under `pytest -n 4 --dist loadgroup --engine-lanes 2` (make test) the
-tests marked `engine` or `postgres` run in two engine lanes: each lane is one unit of work, run
-one test at a time by one worker, while the other workers run every other test beside them.
-Each lane runs on its own CPUs (half of those allowed; one core each on 2 cores), and so does
-every process its tests start. Two end-to-end engine tests side by side on 2 cores took 97 s
-unpinned, as long as one after the other (96 s), and 51 s each pinned to a core of its own, as
-long as alone. The cause is OpenMP: torch sizes each engine's thread pool from its CPUs, and two
-engines' 4 threads on 2 cores wait for each other at every parallel region; with
-OMP_NUM_THREADS=1, unpinned, the same pair took 54 s and 49 s
-(results/benchmarks/engine_lanes_omp_2026-11-28.log). Two lanes without pinning took 711 s
-against 704 s for one lane; pinned, 501-533 s (results/test-suite-runs.md). The tests sharing a
-session-scoped engine or cluster (the `server` fixture, PostgreSQL) share a lane; the lanes are
-balanced by each test's `@pytest.mark.engine(seconds=S)`, its measured duration in make test.
-(xdist's own `xdist_group` marker does nothing under pytest 9.2: the workers write each lane's
-node ids to a file the scheduler reads.) In each lane the session server's tests come first,
-then those that start the most engines, and last those marked `engine(load_sensitive=True)`:
-their duration grows most with other tests beside them (the retune test's one-sequence windows
-drained in 178 s against 73 s alone), so they run once the tests without an engine are done.
+tests marked `engine` or `postgres` run in two engine lanes: the first two workers run them, one
+test at a time each, while the other workers run every other test beside them. Each lane runs on
+its own CPUs (half of those allowed; one core each on 2 cores), and so does every process its
+tests start. Two end-to-end engine tests side by side on 2 cores took 97 s unpinned, as long as
+one after the other (96 s), and 51 s each pinned to a core of its own, as long as alone. The
+cause is OpenMP: torch sizes each engine's thread pool from its CPUs, and two engines' 4 threads
+on 2 cores wait for each other at every parallel region; with OMP_NUM_THREADS=1, unpinned, the
+same pair took 54 s and 49 s (results/benchmarks/engine_lanes_omp_2026-11-28.log). Two lanes
+without pinning took 711 s against 704 s for one lane; pinned, 501-533 s
+(results/test-suite-runs.md). The tests sharing a session-scoped engine or cluster (the `server`
+fixture, PostgreSQL) are one unit of work. The lanes take the units as they finish, longest
+first by each test's `@pytest.mark.engine(seconds=S)` (its measured duration in make test), then
+those marked `engine(load_sensitive=True)` (their duration grows most with other tests beside
+them: the retune test's one-sequence windows drained in 178 s against 73 s alone), then the short
+ones (LaneSchedule). Lanes fixed in advance by those marks ended 66 s apart (405 and 471 s) when
+one test took 84 s instead of 35. (xdist's own `xdist_group` marker does nothing under pytest
+9.2: the workers write the plan to a file the scheduler reads.) This module is over 400 lines
+because it is the suite's one plugin: the reliability record, the lanes and their scheduler,
+the session's environment.
 
 The whole session, fixtures of every scope included, runs with a high client-lag limit in the
 environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`, the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
@@ -262,14 +264,16 @@ _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 _FACTS = pytest.StashKey[tuple[str, dict[str, str | None]]]()  # the facts folder, the env before
 _FORK_SERVER = pytest.StashKey[ForkServer]()  # --shared-fork-server's
 _START_METHOD = pytest.StashKey[str | None]()
-_LANE_CPUS = pytest.StashKey[dict[str, set[int]]]()  # lane test's node id -> its lane's CPUs
+_LANE_CPUS = pytest.StashKey[list[set[int]]]()  # each lane's CPUs
 
 
-LANE_FILE_ENV = "AUTOTUNE_TEST_ENGINE_LANE"  # where the workers write each lane's node ids
+LANE_FILE_ENV = "AUTOTUNE_TEST_ENGINE_LANE"  # where the workers write the lane plan for the scheduler
 DEFAULT_ENGINE_SECONDS = 1.0  # a lane test without `seconds=`: most use the session server
 SHARED = ("server", "postgres_url")  # session-scoped: the tests using one share a lane
 # Once a lane: the session server's start (~30 s); PostgreSQL's initdb is in the one test's seconds.
 SHARED_START_SECONDS = {"server": 30.0, "postgres_url": 0.0}
+# Units shorter than this go last in the plan: they even out the lanes' ends.
+SHORT_UNIT_SECONDS = 25.0
 
 
 def lane_count(text: str) -> int:
@@ -373,109 +377,73 @@ def in_engine_lane(item: pytest.Item) -> bool:
     return item.get_closest_marker("engine") is not None or item.get_closest_marker("postgres") is not None
 
 
-def engine_lanes(items: list[pytest.Item], count: int) -> dict[str, int]:
-    """Each lane test's lane (node id -> 0..count-1): the tests sharing a session-scoped engine or
-    cluster (the `server` fixture, PostgreSQL) are one unit, every other test its own; the longest
-    unit goes to the lane with the least so far, then units move or swap out of the longest lane
-    while that shortens it (the same on every worker)."""
+def engine_plan(items: list[pytest.Item]) -> list[tuple[str, list[pytest.Item]]]:
+    """The lane tests as units of work, in the order the lanes take them (the same on every worker).
+
+    The tests sharing a session-scoped engine or cluster (the `server` fixture, PostgreSQL) are
+    one unit, every other test its own. Longest first, so that what is left at the end is short
+    enough to even out the lanes' ends; the load-sensitive units after the other long ones, once
+    the tests without an engine are done, and the short units last, to fill in behind them."""
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         if in_engine_lane(item):
             fixtures = getattr(item, "fixturenames", ())
-            shared = next((name for name in SHARED if name in fixtures), item.nodeid)
-            units.setdefault(shared, []).append(item)
+            units.setdefault(next((name for name in SHARED if name in fixtures), item.nodeid), []).append(item)
 
-    def seconds(unit: tuple[str, list[pytest.Item]]) -> float:
+    def place(unit: tuple[str, list[pytest.Item]]) -> tuple[int, float, str]:
         key, members = unit
-        return sum(map(engine_seconds, members)) + SHARED_START_SECONDS.get(key, 0.0)
+        seconds = sum(map(engine_seconds, members)) + SHARED_START_SECONDS.get(key, 0.0)
+        stage = 2 if seconds < SHORT_UNIT_SECONDS else 1 if any(map(load_sensitive, members)) else 0
+        return stage, -seconds, key
 
-    order = sorted(units.items(), key=lambda unit: (-seconds(unit), unit[0]))
-    cost = [seconds(unit) for unit in order]
-    totals = [0.0] * max(1, count)
-    placed: list[int] = []  # each unit's lane, in `order`
-    for unit_cost in cost:
-        lane = totals.index(min(totals))
-        totals[lane] += unit_cost
-        placed.append(lane)
-    # Then single moves and swaps out of the longest lane while they shorten it (LPT alone left
-    # 426 s against 387 s where 407 s each was possible).
-    improved = True
-    while improved:
-        improved = False
-        longest = totals.index(max(totals))
-        for i in (i for i, lane in enumerate(placed) if lane == longest):
-            for j in [None, *range(len(order))]:
-                other = totals.index(min(totals)) if j is None else placed[j]
-                if other == longest:
-                    continue
-                delta = cost[i] - (0.0 if j is None else cost[j])
-                if 0 < delta and totals[other] + delta < totals[longest]:
-                    totals[longest] -= delta
-                    totals[other] += delta
-                    placed[i] = other
-                    if j is not None:
-                        placed[j] = longest
-                    improved = True
-                    break
-            if improved:
-                break
-    return {member.nodeid: lane for (_, members), lane in zip(order, placed, strict=True) for member in members}
+    return sorted(units.items(), key=place)
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "reliability" in fixtures:
-            item.add_marker(pytest.mark.reliability)
-        if "postgres_url" in fixtures:
-            item.add_marker(pytest.mark.postgres)
-    cpus = lane_cpus(os.sched_getaffinity(0), config.getoption("engine_lanes"))
-    lanes = engine_lanes(items, len(cpus))
-    config.stash[_LANE_CPUS] = {test: cpus[lane] for test, lane in lanes.items()} if len(cpus) > 1 else {}
-    # The lanes' tests first, lane by lane: in each the session server's first, then those that
-    # start the most engines, the load-sensitive ones last; then everything else; pytest's order
-    # within each (the sort is stable).
-    items.sort(key=lambda item: (item.nodeid not in lanes, lanes.get(item.nodeid, 0), load_sensitive(item),
-                                 "server" not in getattr(item, "fixturenames", ()), -engine_starts(item)))
-    lane_file = os.environ.get(LANE_FILE_ENV)
-    if hasattr(config, "workerinput") and lane_file:  # every worker collects the same: last one wins
-        write_text_atomic(lane_file, "".join(f"{item.nodeid}\t{lanes[item.nodeid]}\n"
-                                             for item in items if item.nodeid in lanes))
-
-
-@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`--dist loadgroup`: each engine lane is one unit of work; every other test is its own."""
-    if config.getoption("dist", None) != "loadgroup":
+def lane_index(worker: str | None, count: int) -> int | None:
+    """The lane an xdist worker runs (gw0 the first, ...), or None for a worker of other tests."""
+    if worker is None or not worker.startswith("gw") or not worker[2:].isdigit():
         return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class EngineLanes(LoadScopeScheduling):
-        lanes: dict[str, str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.lanes is None:  # read once every worker has collected (xdist schedules then)
-                lines = Path(os.environ[LANE_FILE_ENV]).read_text().splitlines()
-                self.lanes = {test: f"engine lane {lane}" for test, lane in (line.split("\t") for line in lines)}
-            return self.lanes.get(nodeid, nodeid)
-
-    return EngineLanes(config, log)
+    index = int(worker[2:])
+    return index if index < count else None
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A lane test runs on its lane's CPUs, and so does every process it starts (they inherit the
-    worker's affinity): two engine tests allowed the same CPUs slowed each other ~2x (see above)."""
-    cpus = item.config.stash.get(_LANE_CPUS, {}).get(item.nodeid)
-    if not cpus:
-        return (yield)
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        return (yield)
-    finally:
-        os.sched_setaffinity(0, before)
+class LaneSchedule:
+    """Which unit of work an xdist worker gets next: the scheduler's decisions, without xdist.
+
+    The first `lanes` workers run the lane units, one test at a time each and in the plan's
+    order, each taking the next unit as it finishes its last test: a lane that finishes early
+    takes more, so the lanes end together however far a test's duration is from its mark. A
+    worker holds its last test until it is sent another (xdist runs a test knowing the next),
+    so behind its lane test a lane worker gets one short test (a filler, reserved from the other
+    workers) rather than its next lane unit ahead of time. The other workers take every other
+    test; once no lane unit is left, the lanes take those too."""
+
+    def __init__(self, lanes: int, lane_units: list[str], fillers: set[str]) -> None:
+        self.lanes = lanes
+        self.lane_units = {unit: position for position, unit in enumerate(lane_units)}
+        self.fillers = fillers
+
+    def next_unit(self, is_lane: bool, pending: list[str], queue: list[str]) -> str | None:
+        """The unit a worker gets now, from `queue` (the units not given out yet, in order), or
+        None; `pending` names the unit of each test it has been given and not finished."""
+        if not is_lane:
+            if len(pending) > 2:  # as xdist's own: a few tests ahead
+                return None
+            return next((unit for unit in queue if unit not in self.lane_units and unit not in self.fillers), None)
+        if len(pending) > 1:
+            return None
+        lane_queue = sorted((unit for unit in queue if unit in self.lane_units), key=self.lane_units.__getitem__)
+        if pending and pending[0] in self.lane_units:  # about to run its last lane test
+            filler = next((unit for unit in queue if unit in self.fillers), None)
+            if filler is not None:
+                return filler
+        return lane_queue[0] if lane_queue else next(iter(queue), None)
+
+    def has_work_for(self, is_lane: bool, queue: list[str]) -> bool:
+        """Whether any unit left is one this worker may get (else it is told to finish)."""
+        if is_lane:
+            return bool(queue)
+        return any(unit not in self.lane_units and unit not in self.fillers for unit in queue)
 
 
 def lane_cpus(allowed: set[int], count: int) -> list[set[int]]:
@@ -486,6 +454,113 @@ def lane_cpus(allowed: set[int], count: int) -> list[set[int]]:
         return [set(cpus)]
     size = len(cpus) // count
     return [set(cpus[lane * size:(lane + 1) * size]) for lane in range(count)]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "reliability" in fixtures:
+            item.add_marker(pytest.mark.reliability)
+        if "postgres_url" in fixtures:
+            item.add_marker(pytest.mark.postgres)
+    config.stash[_LANE_CPUS] = lane_cpus(os.sched_getaffinity(0), config.getoption("engine_lanes"))
+    plan = engine_plan(items)
+    # The lanes' tests first, in the plan's order, then everything else in pytest's order: the
+    # order of a run without workers, and of each unit's tests under the scheduler below.
+    position = {item.nodeid: index for index, item in enumerate(item for _, members in plan for item in members)}
+    items.sort(key=lambda item: position.get(item.nodeid, len(position)))
+    lane_file = os.environ.get(LANE_FILE_ENV)
+    if hasattr(config, "workerinput") and lane_file:  # every worker collects the same: last one wins
+        lines = [f"lane\t{key}\t{item.nodeid}" for key, members in plan for item in members]
+        lines += [f"filler\t\t{item.nodeid}" for item in items
+                  if item.nodeid not in position and item.get_closest_marker("slow") is None]
+        write_text_atomic(lane_file, "".join(line + "\n" for line in lines))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup`: the engine lanes as LaneSchedule says; every other test is its own unit."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineLanes(LoadScopeScheduling):
+        schedule_: LaneSchedule | None = None
+        unit_of: dict[str, str]
+
+        def _plan(self) -> LaneSchedule:
+            if self.schedule_ is None:  # read once every worker has collected (xdist schedules then)
+                self.unit_of, units, fillers = {}, [], []
+                for line in Path(os.environ[LANE_FILE_ENV]).read_text().splitlines():
+                    kind, key, nodeid = line.split("\t")
+                    if kind == "lane":
+                        self.unit_of[nodeid] = f"engine lane unit {key}"
+                        if self.unit_of[nodeid] not in units:
+                            units.append(self.unit_of[nodeid])
+                    else:
+                        fillers.append(nodeid)
+                lanes = config.getoption("engine_lanes")
+                # The last short tests, one behind each lane unit and one for each lane's end.
+                reserved = set(fillers[max(0, len(fillers) - len(units) - lanes):])
+                self.schedule_ = LaneSchedule(lanes, units, reserved)
+            return self.schedule_
+
+        def _split_scope(self, nodeid: str) -> str:
+            self._plan()
+            return self.unit_of.get(nodeid, nodeid)
+
+        def _is_lane(self, node) -> bool:
+            return lane_index(node.gateway.id, self._plan().lanes) is not None
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            lane = self._is_lane(node)
+            while True:
+                pending = [scope for scope, unit in self.assigned_work[node].items()
+                           for done in unit.values() if not done]
+                scope = self._plan().next_unit(lane, pending, list(self.workqueue))
+                if scope is None:
+                    break
+                work_unit = self.workqueue.pop(scope)
+                self.assigned_work[node][scope] = work_unit
+                collection = self.registered_collections[node]
+                node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+            if not self._plan().has_work_for(lane, list(self.workqueue)):
+                node.shutdown()
+
+        def schedule(self) -> None:
+            assert self.collection_is_completed
+            if self.collection is None:
+                if not self._check_nodes_have_same_collection():
+                    self.log("**Different tests collected, aborting run**")
+                    return
+                self.collection = list(next(iter(self.registered_collections.values())))
+                for nodeid in self.collection:
+                    self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            # The lanes first: they take the plan's first units.
+            for node in sorted(self.nodes, key=lambda node: (not self._is_lane(node), node.gateway.id)):
+                self._reschedule(node)
+
+    return EngineLanes(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A lane test runs on its lane's CPUs, and so does every process it starts (they inherit the
+    worker's affinity): two engine tests allowed the same CPUs slowed each other ~2x (see above).
+    Without workers the tests run one at a time, on every CPU."""
+    cpus = item.config.stash.get(_LANE_CPUS, [])
+    lane = lane_index(os.environ.get("PYTEST_XDIST_WORKER"), len(cpus))
+    if len(cpus) < 2 or lane is None or not in_engine_lane(item):
+        return (yield)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus[lane])
+    try:
+        return (yield)
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -117,7 +117,7 @@ def end_tuner(tuner: subprocess.Popen[bytes]) -> None:
         tuner.wait()
 
 
-@pytest.mark.engine(seconds=16)
+@pytest.mark.engine(seconds=21)
 def test_baseline_server_killed_mid_window_is_classified_and_stops_the_run_with_nothing_exported(
     tmp_path: Path, reliability
 ) -> None:
@@ -197,7 +197,7 @@ def test_baseline_server_killed_mid_window_is_classified_and_stops_the_run_with_
     reliability.figure("tuner run, kill to exit", time.monotonic() - killed_at, "s")
 
 
-@pytest.mark.engine(seconds=11)
+@pytest.mark.engine(seconds=20)
 def test_server_never_ready_is_timed_out_killed_and_classified(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Server that never becomes ready",

@@ -94,7 +94,7 @@ def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path, f
     assert found["defaults"] > 0, (slos, found)
 
 
-@pytest.mark.engine(starts=1, seconds=45)
+@pytest.mark.engine(starts=1, seconds=58)
 def test_autotune_run_reports_the_baselines_capacity_and_headroom(tmp_path: Path) -> None:
     """The default objective end to end with one launch: the baseline's ladder, the
     headroom line first in report.md and in the last lines, capacity in best.yaml."""

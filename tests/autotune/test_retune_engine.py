@@ -24,7 +24,7 @@ from workloads.trace_io import write_trace
 
 # Four starts, each trial's and each gate run's own server, as in production: the gate must
 # measure the deployed config and the winner on the held-out window to publish.
-@pytest.mark.engine(starts=4, seconds=88, load_sensitive=True)
+@pytest.mark.engine(starts=4, seconds=99, load_sensitive=True)
 def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path: Path) -> None:
     # Tuned for a quiet service; now it gets 8 requests/s of longer texts (~100 tokens out).
     # One sequence at a time cannot keep up (~1.7 ms a token on 2 AVX512 cores, ~13 ms on AVX2):

@@ -57,7 +57,7 @@ def load(out: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{(out / 'study.db').resolve()}")
 
 
-@pytest.mark.engine(starts=2, seconds=25)  # the baseline, then the starved config
+@pytest.mark.engine(starts=2, seconds=38)  # the baseline, then the starved config
 def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: Path) -> None:
     # A KV-cache share below what the engine itself already holds (64 MiB of this machine's
     # RAM): vLLM's CPU worker refuses it while sizing the KV cache, after loading the model.
@@ -96,7 +96,7 @@ def test_a_config_out_of_memory_is_classified_and_the_study_finishes(tmp_path: P
     assert (out / "history.png").stat().st_size > 0
 
 
-@pytest.mark.engine(starts=3, seconds=62)  # baseline, the killed trial, its replacement
+@pytest.mark.engine(starts=3, seconds=51)  # baseline, the killed trial, its replacement
 def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, reliability) -> None:
     reliability.start(
         "Tuner SIGKILLed mid-trial, then resumed",
@@ -176,7 +176,7 @@ def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, r
     reliability.figure("resumed run, start to finish", resume_s, "s")
 
 
-@pytest.mark.engine(seconds=71)
+@pytest.mark.engine(seconds=55)
 def test_a_long_prompt_trace_capped_to_the_context_is_measured_end_to_end(
     tmp_path: Path, conversation_trace, reliability
 ) -> None:
@@ -234,7 +234,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.engine(starts=4, seconds=102)  # 2 trials, gate 1 + 1
+@pytest.mark.engine(starts=4, seconds=120)  # 2 trials, gate 1 + 1
 @pytest.mark.slow
 def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generous_slos(tmp_path: Path) -> None:
     """Four engine starts: the baseline (the default share: 0.1 on a node of 15 GiB or more) and

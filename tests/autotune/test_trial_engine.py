@@ -123,7 +123,7 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path, fork_serv
     print("\ntrial wall-time breakdown:", json.dumps(breakdown, indent=2))
 
 
-@pytest.mark.engine(starts=0, seconds=12)  # the real server, but it exits before building an engine
+@pytest.mark.engine(starts=0, seconds=5)  # the real server, but it exits before building an engine
 @pytest.mark.parametrize(
     ("values", "named"),
     [
@@ -134,12 +134,13 @@ def test_real_trial_measures_and_leaves_nothing_behind(tmp_path: Path, fork_serv
     ids=["batched-tokens-below-seqs", "memory-share-above-1"],
 )
 def test_values_vllm_rejects_are_an_invalid_config_outcome(
-    tmp_path: Path, values: dict, named: str
+    tmp_path: Path, values: dict, named: str, fork_servers
 ) -> None:
-    # No engine start: the real server checks the values with vLLM and exits 2 first.
+    # No engine start: the real server, forked as `autotune run` forks its trial servers, checks
+    # the values with vLLM and exits 2 first.
     engine = {**default_engine_settings(), **values}
     trial_dir = tmp_path / "trial-0001"
-    outcome = TrialRunner(startup_timeout_s=240).run(
+    outcome = TrialRunner(startup_timeout_s=240, preload_server=fork_servers).run(
         ServerConfig(engine=engine), translation_like_window(), trial_dir
     )
     assert outcome.failure == "invalid_config", (outcome.failure, outcome.failure_detail)

@@ -62,7 +62,7 @@ def completions_answered(port: int) -> float:
 
 
 # Each worker starts its own engine per trial (that is the design under test): three starts.
-@pytest.mark.engine(starts=3, seconds=52)
+@pytest.mark.engine(starts=3, seconds=60)
 def test_two_workers_one_killed_mid_trial_study_completes_without_duplicates(
     tmp_path: Path, postgres_url: str
 ) -> None:

@@ -1,4 +1,6 @@
-"""One real server process per test session: `python -m server --config <yaml> --benchmark-mode`.
+"""One real server process per test session: `python -m server --config <yaml> --benchmark-mode`,
+forked from a fork server as `autotune run` forks its trial servers (make test's shared one,
+else one of this process's own), in a process group of its own.
 
 Starting a vLLM engine costs ~30 s on 2 CPU cores, so every test that needs *a* real server
 (tests/server: HTTP, OpenAPI fuzz, overload, recorder, security) shares this one; under
@@ -14,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autotune.measure.forkserver import ForkedServer, ForkServers
 from autotune.measure.server_start import free_port, yield_cpu_to_clients
+from autotune.measure_flags import fork_server_socket
 from server.config import (
     RecorderSettings,
     ServerConfig,
@@ -43,7 +46,7 @@ START_TIMEOUT_S = 240
 @dataclass(frozen=True)
 class RunningServer:
     url: str
-    process: subprocess.Popen
+    process: ForkedServer
     log_path: Path
     config: ServerConfig
     answered_503_while_starting: bool
@@ -56,7 +59,7 @@ class RunningServer:
         return log_tail(self.log_path, lines)
 
 
-def stop_process_group(process: subprocess.Popen, timeout_s: float = 30) -> None:
+def stop_process_group(process: ForkedServer | subprocess.Popen, timeout_s: float = 30) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -95,22 +98,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     config.write(config_path)
     port = free_port()
     log_path = folder / "server.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "server",
-                "--config",
-                str(config_path),
-                "--port",
-                str(port),
-                "--benchmark-mode",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: the engine core dies with it
-        )
+    args = ["--config", str(config_path), "--port", str(port), "--benchmark-mode"]
+    fork_servers = ForkServers(shared=fork_server_socket(None, os.environ))
+    process = fork_servers.for_environment(folder).spawn(
+        args, title="python -m server " + " ".join(args), env=dict(os.environ), log_path=log_path)
     yield_cpu_to_clients(process.pid)  # as autotune does: the tests' clients come first
     url = f"http://127.0.0.1:{port}"
     try:
@@ -118,13 +109,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield RunningServer(url, process, log_path, config, saw_503)
     finally:
         stop_process_group(process)
+        fork_servers.close()
 
 
 def log_tail(log_path: Path, lines: int = 40) -> str:
     return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> bool:
+def wait_until_healthy(url: str, process: ForkedServer | subprocess.Popen, log_path: Path) -> bool:
     """Waits for /health 200; returns whether /health answered 503 while the engine loaded."""
     deadline = time.monotonic() + START_TIMEOUT_S
     saw_503 = False

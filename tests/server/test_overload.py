@@ -219,7 +219,7 @@ async def open_loop(
     return list(samples), percentile(lags, 99)
 
 
-@pytest.mark.engine(seconds=36)
+@pytest.mark.engine(seconds=60)
 def test_five_times_capacity_overload(server: RunningServer, reliability) -> None:
     max_num_seqs = server.config.engine["max_num_seqs"]
     limit = server.config.serving.max_waiting_requests
