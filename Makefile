@@ -10,9 +10,9 @@ WORKLOAD ?= workloads/samples/translation_trace.jsonl
 # installs from (delete .venv, or `make setup-force`, to reinstall from scratch).
 STAMP := .venv/.autotune-setup-done
 # One pytest run on four workers (tests/conftest.py): two run the engine lanes (the tests marked
-# `engine` or `postgres`, one at a time in each lane, each lane pinned to its own half of the
-# CPUs: two engine tests unpinned on the same cores slowed each other ~2x), the other two every other
-# test beside them. Measured on this 2-core VM (2026-11-27, results/test-suite-runs.md): one
+# `engine` or `postgres`, one at a time in each lane, taken as each lane finishes its last, each
+# lane pinned to its own half of the CPUs: two engine tests unpinned on the same cores slowed each
+# other ~2x), the other two every other test beside them. Measured on this 2-core VM (2026-11-27, results/test-suite-runs.md): one
 # lane on 3 workers 704 s; two unpinned lanes 711 s; two pinned lanes 505-531 s.
 WORKERS ?= 4
 # make test-fast: no lanes; 3 workers took 60 s against 67-74 s for 4 (2026-11-27, 599 tests).

@@ -74,6 +74,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotune.measure.forkserver import ForkServer
+from autotune.measure.server_start import SERVER_NICE
 from autotune.measure_flags import CLIENT_LAG_ENV, FORK_SERVER_SOCKET_ENV
 from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
@@ -319,6 +320,11 @@ def pytest_configure(config: pytest.Config) -> None:
     directory = config.getoption("reliability_dir")
     if directory is not None:
         config.stash[_LOG] = ReliabilityLog(directory.resolve())
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # A worker's --dist is "no"; xdist keeps whether it was loadgroup here.
+    if worker is not None and getattr(config.option, "loadgroup", False) and \
+            lane_index(worker, config.getoption("engine_lanes")) is None:
+        yield_to_the_lanes()
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         # Set before xdist starts its workers, which inherit them (and so does every fixture,
         # whatever its scope); restored at the session's end.
@@ -444,6 +450,21 @@ class LaneSchedule:
         if is_lane:
             return bool(queue)
         return any(unit not in self.lane_units and unit not in self.fillers for unit in queue)
+
+
+def yield_to_the_lanes() -> None:
+    """A worker of the tests without an engine leads a session of its own, whose autogroup (the
+    Linux scheduler shares CPU time between sessions first) runs at the engine servers' nice
+    value. In the workers' session, every test without an engine outweighed a lane's engine
+    server (nice SERVER_NICE in its own session, so that a tuner's client comes first) ~9 to 1 on
+    their shared core: the one-sequence ladder test took 100 s beside them against 48-56 s after
+    them. The processes' own nice values stay as they were (a server still runs below the test
+    that started it), and the processes its tests start inherit the session unless they start
+    their own."""
+    with contextlib.suppress(OSError):  # already a session leader
+        os.setsid()
+    with contextlib.suppress(OSError):  # no autogroups here: the CPUs are shared as before
+        Path("/proc/self/autogroup").write_text(f"{SERVER_NICE}\n")
 
 
 def lane_cpus(allowed: set[int], count: int) -> list[set[int]]:
