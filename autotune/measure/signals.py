@@ -16,7 +16,10 @@ A handler's exception raised while the main thread runs a finalizer (an object's
 weakref callback: aiohttp and httpx objects have them) is printed and dropped by Python, and
 the stop would be lost: the tuner ran on to the end (exit 0) in about one CI run in ten. Such
 a dropped stop (Stopped, or Ctrl-C's KeyboardInterrupt) reaches `sys.unraisablehook`, which
-delivers it again (`_thread.interrupt_main`) until it lands outside the finalizer.
+delivers it again (`_thread.interrupt_main`, from another thread) until it lands outside the
+finalizer. A stop that lands inside the hook itself is delivered again the same way: within
+the block, Ctrl-C's handler (where it is Python's own) and the stop signals' handlers look
+for the hook on the stack first.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -74,10 +78,17 @@ def stop_signals_as_interrupt(signals: Sequence[signal.Signals] = STOP_SIGNALS) 
         return
     received: list[int] = []
     dropped: list[int] = []  # stops Python dropped in a finalizer, being delivered again
-    in_hook: list[bool] = []
+
+    def in_hook(frame: FrameType | None) -> bool:
+        # Anywhere inside the hook, its `finally` included: a stop raised there is dropped too.
+        while frame is not None:
+            if frame.f_code is deliver_again.__code__:
+                return True
+            frame = frame.f_back
+        return False
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if in_hook:  # raising here would be dropped for good: try again once the hook returned
+        if in_hook(frame):  # raising here would be dropped for good: try again once the hook returned
             redeliver(signum)
             return
         if dropped:
@@ -89,12 +100,23 @@ def stop_signals_as_interrupt(signals: Sequence[signal.Signals] = STOP_SIGNALS) 
         received[:] = [signum]
         raise Stopped(signum)
 
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        """Ctrl-C, as Python's own handler raises it, except inside the hook."""
+        if in_hook(frame):
+            redeliver(signum)
+            return
+        dropped.clear()
+        raise KeyboardInterrupt
+
     def redeliver(signum: int) -> None:
-        # From another thread, a moment later: the main thread is out of the hook by then,
-        # and the handler runs at its next instruction (or is dropped again, and comes back).
-        timer = threading.Timer(REDELIVER_AFTER_S, _thread.interrupt_main, args=(signum,))
-        timer.daemon = True
-        timer.start()
+        # From another thread, a moment later, and never waited for here: threading.Timer's
+        # start() waits until its thread runs, and under load the signal landed in that wait,
+        # inside the hook, and was lost (1 run in 3 of the suite beside a CPU-heavy job).
+        def later() -> None:
+            time.sleep(REDELIVER_AFTER_S)
+            _thread.interrupt_main(signum)
+
+        _thread.start_new_thread(later, ())
 
     previous_hook = sys.unraisablehook
 
@@ -103,15 +125,13 @@ def stop_signals_as_interrupt(signals: Sequence[signal.Signals] = STOP_SIGNALS) 
         if not isinstance(error, KeyboardInterrupt):
             previous_hook(unraisable)
             return
-        in_hook.append(True)
-        try:
-            signum = getattr(error, "signum", signal.SIGINT)
-            dropped[:] = [signum]
-            redeliver(signum)
-        finally:
-            in_hook.clear()
+        signum = getattr(error, "signum", signal.SIGINT)
+        dropped[:] = [signum]
+        redeliver(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in signals}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own Ctrl-C
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     sys.unraisablehook = deliver_again
     try:
         yield
