@@ -250,13 +250,14 @@ def test_a_step_far_over_capacity_is_abandoned_before_it_ends(tmp_path: Path) ->
     # Starts at 40x the recorded 10 req/s on a 1-slot server that carries ~15: certain to fail.
     settings = LadderSettings(step_requests=200, min_step_s=1.0, start_speedup=40.0,
                               max_steps=1)
-    # 400 req/s from this busy 2-core machine: the replayer may lag, and a lagging step is not
-    # scored (test_client_lag covers that rule); what is tested here is the abandoning.
+    # 400 req/s from this busy 2-core machine: the replayer may lag or send less than asked, and
+    # such a step is not scored (test_client_lag covers that rule; beside a CPU-heavy job the
+    # one step went unscored); what is tested here is the abandoning, scored or not.
     outcome = ladder_runner(tmp_path, 1, settings, slos, max_send_lag_ms=60_000).run(
         ServerConfig(engine={"model": "fake"}), window(), tmp_path / "over"
     )
     assert outcome.capacity is not None
-    (step,) = outcome.capacity.steps
+    (step,) = [*outcome.capacity.steps, *outcome.capacity.unscored]
     assert not step.passed and step.abandoned
     assert step.summary.completed < step.requests
     assert outcome.capacity.capacity_rps == 0.0
