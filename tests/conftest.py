@@ -74,7 +74,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotune.measure.forkserver import ForkServer
-from autotune.measure.server_start import SERVER_NICE
+from autotune.measure.server_start import SERVER_NICE, renice_autogroup
 from autotune.measure_flags import CLIENT_LAG_ENV, FORK_SERVER_SOCKET_ENV
 from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
@@ -464,7 +464,7 @@ def yield_to_the_lanes() -> None:
     with contextlib.suppress(OSError):  # already a session leader
         os.setsid()
     with contextlib.suppress(OSError):  # no autogroups here: the CPUs are shared as before
-        Path("/proc/self/autogroup").write_text(f"{SERVER_NICE}\n")
+        renice_autogroup(os.getpid(), SERVER_NICE)
 
 
 def lane_cpus(allowed: set[int], count: int) -> list[set[int]]:
@@ -509,6 +509,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class EngineLanes(LoadScopeScheduling):
         schedule_: LaneSchedule | None = None
         unit_of: dict[str, str]
+        index_of: dict[str, int]
 
         def _plan(self) -> LaneSchedule:
             if self.schedule_ is None:  # read once every worker has collected (xdist schedules then)
@@ -546,8 +547,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                     break
                 work_unit = self.workqueue.pop(scope)
                 self.assigned_work[node][scope] = work_unit
-                collection = self.registered_collections[node]
-                node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+                node.send_runtest_some([self.index_of[nodeid] for nodeid, done in work_unit.items() if not done])
             if not self._plan().has_work_for(lane, list(self.workqueue)):
                 node.shutdown()
 
@@ -558,6 +558,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                     self.log("**Different tests collected, aborting run**")
                     return
                 self.collection = list(next(iter(self.registered_collections.values())))
+                # Every worker collected the same (checked above): one index for all of them.
+                self.index_of = {nodeid: index for index, nodeid in enumerate(self.collection)}
                 for nodeid in self.collection:
                     self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
             # The lanes first: they take the plan's first units.

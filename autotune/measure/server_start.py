@@ -127,7 +127,12 @@ def yield_cpu_to_clients(pid: int, nice: int = SERVER_NICE) -> None:
     try:
         # Only a session leader's autogroup is the server's alone (not the caller's).
         if os.getsid(pid) == pid:
-            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+            renice_autogroup(pid, nice)
     except OSError as exc:
         logger.debug("could not renice server %d's autogroup: %s", pid, exc)
+
+
+def renice_autogroup(pid: int, nice: int) -> None:
+    """The nice value of `pid`'s autogroup (its session's share against other sessions)."""
+    Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
