@@ -237,6 +237,45 @@ def per_round(rows: list[dict[str, Any]], top: str, bottom: str) -> dict[int, fl
     return ratios
 
 
+def issue_goals(
+    rows: list[dict[str, Any]], columns: list[Column]
+) -> tuple[dict[str, float], dict[str, float | None], list[Goal]]:
+    """Each column's median capacity, its ratio to in_process, and issue 17's goals: a plain
+    ours:N against in_process, every ours:N[+changes] against vllm:N with the same changes
+    (ratio of medians, per round beside it), and the replayer's worst send-lag."""
+    by_column: dict[str, list[float]] = {}
+    for row in rows:
+        if row["capacity_rps"] is not None:
+            by_column.setdefault(row["column"], []).append(row["capacity_rps"])
+    medians = {label: spread(values)["median"] for label, values in by_column.items()}
+    base = medians.get("in_process")
+    ratios = {label: (value / base if base and value is not None else None) for label, value in medians.items()}
+    goals: list[Goal] = []
+    plain = {c.label for c in columns if not c.engine}
+    for label, value in medians.items():
+        if not label.startswith("ours:"):
+            continue
+        if label in plain:
+            share = ratios.get(label)
+            paired = list(per_round(rows, label, "in_process").values())
+            goals.append(Goal(name=f"{label} capacity / in_process", target=f">= {GOAL_IN_PROCESS}",
+                              measured=share, met=None if share is None else share >= GOAL_IN_PROCESS,
+                              note=f"ratio of medians; per round {', '.join(fmt(x) for x in paired)}" if paired else ""))
+        # The twin: vllm serve with the same front-end count and the same engine changes.
+        twin_label = "vllm:" + label.removeprefix("ours:")
+        twin = medians.get(twin_label)
+        vs = value / twin if twin and value is not None else None
+        paired = list(per_round(rows, label, twin_label).values())
+        goals.append(Goal(name=f"{label} capacity / {twin_label}", target=f">= {GOAL_VLLM}",
+                          measured=vs, met=None if vs is None else vs >= GOAL_VLLM,
+                          note=f"ratio of medians; per round {', '.join(fmt(x) for x in paired)}" if paired else ""))
+    lags = [r["lag_p99_ms"] for r in rows if r["lag_p99_ms"] is not None and r["column"] != "in_process"]
+    worst = max(lags) if lags else None
+    goals.append(Goal(name="replayer send-lag p99, worst step of any HTTP column", target=f"<= {GOAL_LAG_MS} ms",
+                      measured=worst, met=None if worst is None else worst <= GOAL_LAG_MS))
+    return medians, ratios, goals
+
+
 def versus_first(rows: list[dict[str, Any]], columns: list[Column]) -> tuple[dict[str, Any], list[str]]:
     """Each column that changes engine arguments against the first column: ratio of median
     capacities, and the ratio within each round (same machine minutes, side by side)."""
@@ -352,31 +391,7 @@ def main() -> int:
                 if hint is None and capacity and capacity.capacity_speedup:
                     hint = capacity.capacity_speedup
 
-    by_column: dict[str, list[float]] = {}
-    for row in rows:
-        if row["capacity_rps"] is not None:
-            by_column.setdefault(row["column"], []).append(row["capacity_rps"])
-    medians = {label: spread(values)["median"] for label, values in by_column.items()}
-    base = medians.get("in_process")
-    ratios = {label: (value / base if base and value is not None else None) for label, value in medians.items()}
-    goals: list[Goal] = []
-    plain = {c.label for c in columns if not c.engine}
-    for label, value in medians.items():
-        if not label.startswith("ours:") or label not in plain:
-            continue
-        share = ratios.get(label)
-        paired = list(per_round(rows, label, "in_process").values())
-        goals.append(Goal(name=f"{label} capacity / in_process", target=f">= {GOAL_IN_PROCESS}",
-                          measured=share, met=None if share is None else share >= GOAL_IN_PROCESS,
-                          note=f"ratio of medians; per round {', '.join(fmt(x) for x in paired)}" if paired else ""))
-        twin = medians.get("vllm:" + label.split(":")[1])
-        vs = value / twin if twin and value is not None else None
-        goals.append(Goal(name=f"{label} capacity / vllm:{label.split(':')[1]}", target=f">= {GOAL_VLLM}",
-                          measured=vs, met=None if vs is None else vs >= GOAL_VLLM))
-    lags = [r["lag_p99_ms"] for r in rows if r["lag_p99_ms"] is not None and r["column"] != "in_process"]
-    worst = max(lags) if lags else None
-    goals.append(Goal(name="replayer send-lag p99, worst step of any HTTP column", target=f"<= {GOAL_LAG_MS} ms",
-                      measured=worst, met=None if worst is None else worst <= GOAL_LAG_MS))
+    medians, ratios, goals = issue_goals(rows, columns)
     table = md_table(
         ["round", "column", "ladder", "capacity req/s", "/ in_process of its round", "bracketed", "steps",
          "worst lag p99 ms", "engine start s", "ladder s", "failure"],

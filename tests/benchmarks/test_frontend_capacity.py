@@ -100,3 +100,24 @@ def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_p
     [line] = [x for x in bench.within_and_between(rows) if x.startswith("- ours:1")]
     assert "launch 1: 0.182 (10, 12)" in line and "launch 2: 0 (14, 14)" in line
     assert "between the launches' medians (11, 14): 0.24" in line
+
+
+def test_ours_is_judged_against_vllm_serve_with_the_same_front_ends_and_engine_changes(bench: ModuleType) -> None:
+    columns = [bench.parse_column(text) for text in ("ours:4+max_num_batched_tokens=512",
+                                                     "vllm:4+max_num_batched_tokens=512", "vllm:4")]
+    rows = [
+        {"round": 1, "column": "ours:4+max_num_batched_tokens=512", "capacity_rps": 200.0, "lag_p99_ms": 2.0},
+        {"round": 1, "column": "vllm:4+max_num_batched_tokens=512", "capacity_rps": 250.0, "lag_p99_ms": 3.0},
+        {"round": 1, "column": "vllm:4", "capacity_rps": 100.0, "lag_p99_ms": 6.0},
+        {"round": 2, "column": "vllm:4+max_num_batched_tokens=512", "capacity_rps": 200.0, "lag_p99_ms": 2.0},
+        {"round": 2, "column": "ours:4+max_num_batched_tokens=512", "capacity_rps": 220.0, "lag_p99_ms": 2.0},
+    ]
+    _, _, goals = bench.issue_goals(rows, columns)
+    twin = next(g for g in goals if g.name.startswith("ours:4+max_num_batched_tokens=512 capacity / "))
+    # Its twin is vllm serve with the same change (medians 210 / 225), not plain vllm:4 (100).
+    assert twin.name.endswith("/ vllm:4+max_num_batched_tokens=512")
+    assert twin.measured == pytest.approx(210 / 225) and twin.met is False
+    assert "0.8, 1.1" in twin.note
+    assert not any("in_process" in g.name for g in goals)  # no in-process column with that change
+    lag = next(g for g in goals if "send-lag" in g.name)
+    assert lag.measured == 6.0 and lag.met is False
