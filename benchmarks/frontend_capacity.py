@@ -237,12 +237,10 @@ def per_round(rows: list[dict[str, Any]], top: str, bottom: str) -> dict[int, fl
     return ratios
 
 
-def issue_goals(
-    rows: list[dict[str, Any]], columns: list[Column]
-) -> tuple[dict[str, float], dict[str, float | None], list[Goal]]:
-    """Each column's median capacity, its ratio to in_process, and issue 17's goals: a plain
-    ours:N against in_process, every ours:N[+changes] against vllm:N with the same changes
-    (ratio of medians, per round beside it), and the replayer's worst send-lag."""
+def issue_goals(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float | None], list[Goal]]:
+    """Each column's median capacity, its ratio to in_process, and issue 17's goals: every
+    ours:N[+changes] against in_process and against vllm:N with the same engine changes (ratio
+    of medians, per round beside it), and the replayer's worst send-lag over the HTTP columns."""
     by_column: dict[str, list[float]] = {}
     for row in rows:
         if row["capacity_rps"] is not None:
@@ -251,25 +249,20 @@ def issue_goals(
     base = medians.get("in_process")
     ratios = {label: (value / base if base and value is not None else None) for label, value in medians.items()}
     goals: list[Goal] = []
-    plain = {c.label for c in columns if not c.engine}
     for label, value in medians.items():
         if not label.startswith("ours:"):
             continue
-        if label in plain:
-            share = ratios.get(label)
-            paired = list(per_round(rows, label, "in_process").values())
-            goals.append(Goal(name=f"{label} capacity / in_process", target=f">= {GOAL_IN_PROCESS}",
-                              measured=share, met=None if share is None else share >= GOAL_IN_PROCESS,
+        count, plus, changes = label.removeprefix("ours:").partition("+")
+        for reference, target in ((f"in_process{plus}{changes}", GOAL_IN_PROCESS), (f"vllm:{count}{plus}{changes}", GOAL_VLLM)):
+            if reference not in medians and plus:
+                continue  # no twin with the same engine changes in this run
+            twin = medians.get(reference)
+            measured = value / twin if twin else None
+            paired = list(per_round(rows, label, reference).values())
+            goals.append(Goal(name=f"{label} capacity / {reference}", target=f">= {target}", measured=measured,
+                              met=None if measured is None else measured >= target,
                               note=f"ratio of medians; per round {', '.join(fmt(x) for x in paired)}" if paired else ""))
-        # The twin: vllm serve with the same front-end count and the same engine changes.
-        twin_label = "vllm:" + label.removeprefix("ours:")
-        twin = medians.get(twin_label)
-        vs = value / twin if twin and value is not None else None
-        paired = list(per_round(rows, label, twin_label).values())
-        goals.append(Goal(name=f"{label} capacity / {twin_label}", target=f">= {GOAL_VLLM}",
-                          measured=vs, met=None if vs is None else vs >= GOAL_VLLM,
-                          note=f"ratio of medians; per round {', '.join(fmt(x) for x in paired)}" if paired else ""))
-    lags = [r["lag_p99_ms"] for r in rows if r["lag_p99_ms"] is not None and r["column"] != "in_process"]
+    lags = [r["lag_p99_ms"] for r in rows if r["lag_p99_ms"] is not None and not r["column"].startswith("in_process")]
     worst = max(lags) if lags else None
     goals.append(Goal(name="replayer send-lag p99, worst step of any HTTP column", target=f"<= {GOAL_LAG_MS} ms",
                       measured=worst, met=None if worst is None else worst <= GOAL_LAG_MS))
@@ -391,7 +384,7 @@ def main() -> int:
                 if hint is None and capacity and capacity.capacity_speedup:
                     hint = capacity.capacity_speedup
 
-    medians, ratios, goals = issue_goals(rows, columns)
+    medians, ratios, goals = issue_goals(rows)
     table = md_table(
         ["round", "column", "ladder", "capacity req/s", "/ in_process of its round", "bracketed", "steps",
          "worst lag p99 ms", "engine start s", "ladder s", "failure"],

@@ -102,22 +102,28 @@ def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_p
     assert "between the launches' medians (11, 14): 0.24" in line
 
 
-def test_ours_is_judged_against_vllm_serve_with_the_same_front_ends_and_engine_changes(bench: ModuleType) -> None:
-    columns = [bench.parse_column(text) for text in ("ours:4+max_num_batched_tokens=512",
-                                                     "vllm:4+max_num_batched_tokens=512", "vllm:4")]
+def test_ours_is_judged_against_its_twins_with_the_same_front_ends_and_engine_changes(bench: ModuleType) -> None:
     rows = [
         {"round": 1, "column": "ours:4+max_num_batched_tokens=512", "capacity_rps": 200.0, "lag_p99_ms": 2.0},
         {"round": 1, "column": "vllm:4+max_num_batched_tokens=512", "capacity_rps": 250.0, "lag_p99_ms": 3.0},
         {"round": 1, "column": "vllm:4", "capacity_rps": 100.0, "lag_p99_ms": 6.0},
+        {"round": 1, "column": "in_process+max_num_batched_tokens=512", "capacity_rps": 160.0, "lag_p99_ms": 12.0},
         {"round": 2, "column": "vllm:4+max_num_batched_tokens=512", "capacity_rps": 200.0, "lag_p99_ms": 2.0},
         {"round": 2, "column": "ours:4+max_num_batched_tokens=512", "capacity_rps": 220.0, "lag_p99_ms": 2.0},
     ]
-    _, _, goals = bench.issue_goals(rows, columns)
-    twin = next(g for g in goals if g.name.startswith("ours:4+max_num_batched_tokens=512 capacity / "))
-    # Its twin is vllm serve with the same change (medians 210 / 225), not plain vllm:4 (100).
-    assert twin.name.endswith("/ vllm:4+max_num_batched_tokens=512")
-    assert twin.measured == pytest.approx(210 / 225) and twin.met is False
-    assert "0.8, 1.1" in twin.note
-    assert not any("in_process" in g.name for g in goals)  # no in-process column with that change
+    _, _, goals = bench.issue_goals(rows)
+    by_name = {g.name.partition(" capacity / ")[2]: g for g in goals if " capacity / " in g.name}
+    # The twins carry the same change (vllm medians 210 / 225), never plain vllm:4 (100).
+    assert set(by_name) == {"vllm:4+max_num_batched_tokens=512", "in_process+max_num_batched_tokens=512"}
+    vllm = by_name["vllm:4+max_num_batched_tokens=512"]
+    assert vllm.measured == pytest.approx(210 / 225) and vllm.met is False and "0.8, 1.1" in vllm.note
+    assert by_name["in_process+max_num_batched_tokens=512"].measured == pytest.approx(210 / 160)
+    # The in-process column's own client is not the replayer: its lag is not the replayer's.
     lag = next(g for g in goals if "send-lag" in g.name)
     assert lag.measured == 6.0 and lag.met is False
+
+
+def test_a_plain_column_without_its_twin_says_not_measured(bench: ModuleType) -> None:
+    _, _, goals = bench.issue_goals([{"round": 1, "column": "ours:4", "capacity_rps": 200.0, "lag_p99_ms": 2.0}])
+    assert [(g.name, g.met) for g in goals if " capacity / " in g.name] == [
+        ("ours:4 capacity / in_process", None), ("ours:4 capacity / vllm:4", None)]
