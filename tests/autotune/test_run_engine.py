@@ -35,7 +35,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from server.config import ServerConfig, cpu_memory_share, cpu_node_memory
+from server.config import ServerConfig, cpu_memory_share, cpu_node_memory, default_engine_settings
 
 pytestmark = pytest.mark.engine
 
@@ -247,6 +247,10 @@ def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generou
     # below the default: 0.06-0.09 on a node of 15 GiB or more.
     low, high = max(0.01, round(1.15 * 2**30 / node, 2)), round(default - 0.01, 2)
     assert low < high, (node, default)
+    # The baseline pins the default share read here: a fresh VM's memory can grow between this
+    # reading and the tuner's own (seen: a 10 GiB node here, the default 0.1 in the run).
+    baseline = tmp_path / "baseline.yaml"
+    ServerConfig(engine={**default_engine_settings(), "gpu_memory_utilization": default}).write(baseline)
     space = tmp_path / "space.yaml"
     space.write_text("extend_defaults: false\nparams:\n"
                      f"  gpu_memory_utilization: {{type: float, low: {low}, high: {high}, step: 0.01}}\n")
@@ -255,7 +259,7 @@ def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generou
         [sys.executable, "-m", "autotune", "run", "--workload", str(SAMPLE), "--objective", "min-memory",
          "--trials", "2", "--tuning-window", "8", "--holdout-window", "6", "--top-k", "1", "--repeats", "1",
          "--step-requests", "20", "--slo", "ttft_p50_ms=5000", "--slo", "tpot_p50_ms=500",
-         "--space", str(space), "--output-dir", str(out), "--study-name", "min-memory"],
+         "--space", str(space), "--baseline", str(baseline), "--output-dir", str(out), "--study-name", "min-memory"],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
