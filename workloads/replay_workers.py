@@ -173,7 +173,7 @@ class _Parent:
                 while len(self.done) < len(self.specs):
                     for message in await asyncio.to_thread(self._next_messages):
                         self._take(message)
-                    self._check_workers()
+                    self._check_workers(running=True)
             finally:
                 if progress is not None:
                     progress.cancel()
@@ -209,6 +209,10 @@ class _Parent:
             messages = [self.inbox.get(timeout=WORKER_TICK_S)]
         except queue.Empty:
             return []
+        return messages + self._waiting_messages()
+
+    def _waiting_messages(self) -> list[tuple]:
+        messages = []
         while True:
             try:
                 messages.append(self.inbox.get_nowait())
@@ -229,11 +233,19 @@ class _Parent:
         elif kind == "error":
             raise WorkloadError(f"replay worker {worker} failed: {message[2]}")
 
-    def _check_workers(self) -> None:
-        for spec, process in zip(self.specs, self.processes, strict=True):
-            if spec.worker not in self.done and process.exitcode is not None:
-                raise WorkloadError(f"replay worker {spec.worker} exited with code {process.exitcode} "
-                                    f"before finishing its share")
+    def _check_workers(self, *, running: bool = False) -> None:
+        """A worker that exited without saying it is done failed. While the replay runs, its
+        last messages ("done" among them) may have reached the inbox after the last read: a
+        process that has exited has flushed everything it sent, so they are read first."""
+        def gone() -> list[tuple[int, int]]:
+            return [(spec.worker, process.exitcode) for spec, process in zip(self.specs, self.processes, strict=True)
+                    if spec.worker not in self.done and process.exitcode is not None]
+
+        if running and gone():
+            for message in self._waiting_messages():
+                self._take(message)
+        for worker, exitcode in gone():
+            raise WorkloadError(f"replay worker {worker} exited with code {exitcode} before finishing its share")
 
     async def _progress(self) -> None:
         await each_second(self.t0, self._tick)

@@ -115,3 +115,39 @@ def test_auto_workers_follow_the_rate_and_leave_half_the_cores() -> None:
 def test_bad_worker_counts_are_refused_in_one_line(echo: str) -> None:
     with pytest.raises(WorkloadError, match=r"replay workers 0: must be >= 1 or 'auto'"):
         asyncio.run(replay_with_workers(trace_of(3, 1.0), echo, workers=0))
+
+
+def parent_with_a_finished_worker(sends: tuple | None):
+    """A replay's parent whose one worker has already exited, having put `sends` (if any) on
+    the inbox just before: that message is in the pipe, not yet read."""
+    import multiprocessing
+
+    from workloads.replay_workers import _Parent, _WorkerSpec
+
+    trace = trace_of(2, spacing_ms=10)
+    spec = _WorkerSpec(worker=0, trace=trace, indices=np.arange(2), url="http://127.0.0.1:9", options=ReplayOptions())
+    parent = _Parent([spec], (), planned=2, on_progress=None)
+    context = multiprocessing.get_context("spawn")
+    worker = (context.Process(target=parent.inbox.put, args=(sends,)) if sends is not None
+              else context.Process(target=int))
+    worker.start()
+    worker.join(timeout=60)
+    assert worker.exitcode == 0
+    parent.processes = [worker]
+    return parent
+
+
+def test_a_worker_that_said_done_just_before_it_exited_has_finished() -> None:
+    # Seen beside a CPU-heavy job: the worker's "done" arrived after the parent's last read and
+    # before its check of the exit codes, and a finished replay was reported as a failed worker.
+    parent = parent_with_a_finished_worker(("done", 0, False))
+    parent._check_workers(running=True)
+    assert parent.done == {0}
+    parent.inbox.close()
+
+
+def test_a_worker_that_exited_without_saying_done_fails_the_replay_in_one_line() -> None:
+    parent = parent_with_a_finished_worker(None)
+    with pytest.raises(WorkloadError, match=r"^replay worker 0 exited with code 0 before finishing its share$"):
+        parent._check_workers(running=True)
+    parent.inbox.close()
