@@ -244,7 +244,8 @@ class _Parent:
         if running and gone():
             for message in self._waiting_messages():
                 self._take(message)
-        for worker, exitcode in gone():
+        if failed := gone():
+            worker, exitcode = failed[0]
             raise WorkloadError(f"replay worker {worker} exited with code {exitcode} before finishing its share")
 
     async def _progress(self) -> None:
