@@ -24,19 +24,19 @@ from workloads.trace_io import write_trace
 
 # Four starts, each trial's and each gate run's own server, as in production: the gate must
 # measure the deployed config and the winner on the held-out window to publish.
-@pytest.mark.engine(starts=4, seconds=99, load_sensitive=True)
+@pytest.mark.engine(starts=4, seconds=65, load_sensitive=True)
 def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path: Path) -> None:
-    # Tuned for a quiet service; now it gets 8 requests/s of longer texts (~100 tokens out).
-    # One sequence at a time cannot keep up (~1.7 ms a token on 2 AVX512 cores, ~13 ms on AVX2):
-    # its window drains long after the last arrival, while 32 sequences decode side by side and
-    # finish near its end. So 32 has the higher goodput whether or not one sequence meets the
-    # SLO (its goodput is at most its throughput: 0.14-0.57 req/s here, 32's 0.4-1.97). The SLO
-    # is generous so that it never fails the winner: 32's TTFT p50 was 0.46-1.15 s on this AVX2
-    # VM, 1.6-6.0 s with a CPU `autotune run` beside the test (a 2 s SLO then kept the
-    # baseline). Short windows (5 s, ~40 requests): one sequence's drain is most of the time,
-    # which is why the texts are not longer (at ~190 tokens the test took 317-340 s).
+    # Tuned for a quiet service; now it gets 8 requests/s (~40 tokens out, ~1,900 a window).
+    # One sequence at a time cannot keep up (one decode step per token): its window drains long
+    # after the last arrival, while 32 sequences decode side by side and finish near its end. So
+    # 32 has the higher goodput whether or not one sequence meets the SLO (its goodput is at most
+    # its throughput). The SLO is generous so that it never fails the winner: 32's TTFT p50 was
+    # 1.6-6.0 s with a CPU `autotune run` beside the test (a 2 s SLO then kept the baseline).
+    # Short windows (5 s, ~40 requests) of short texts: one sequence's drain is most of the
+    # test's engine work (its decode steps one token at a time). At ~100 tokens out the test took
+    # 214 CPU-s alone (164 in engine cores), at ~190 tokens 317-340 s of wall time.
     reference = translation(TranslationSpec(duration_s=60, mean_rps=1), seed=0)
-    current = translation(TranslationSpec(duration_s=30, mean_rps=8, median_input=100, max_input=400), seed=1)
+    current = translation(TranslationSpec(duration_s=30, mean_rps=8, median_input=40, max_input=160), seed=1)
     current_path = tmp_path / "current.jsonl"
     write_trace(current_path, current)
     deploy_dir = tmp_path / "deploy"

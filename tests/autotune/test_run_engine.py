@@ -176,7 +176,7 @@ def test_sigkilled_tuner_leaves_no_server_and_resume_continues(tmp_path: Path, r
     reliability.figure("resumed run, start to finish", resume_s, "s")
 
 
-@pytest.mark.engine(seconds=55)
+@pytest.mark.engine(seconds=50)
 def test_a_long_prompt_trace_capped_to_the_context_is_measured_end_to_end(
     tmp_path: Path, conversation_trace, reliability
 ) -> None:
@@ -198,7 +198,7 @@ def test_a_long_prompt_trace_capped_to_the_context_is_measured_end_to_end(
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "run", "--workload", str(trace_path), "--over-context", "cap",
-         "--trials", "1", "--tuning-window", "20", "--holdout-window", "20", "--top-k", "1",
+         "--trials", "1", "--tuning-window", "8", "--holdout-window", "6", "--top-k", "1",
          "--repeats", "1", "--slo", "ttft_p50_ms=5000", "--slo", "tpot_p50_ms=500", "--objective", "goodput",
          "--output-dir", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
