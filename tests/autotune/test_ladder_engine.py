@@ -30,8 +30,8 @@ def translation_like_window(requests: int = 40, seconds: float = 10.0,
     )
 
 
-# Unloaded, a lone answer of 200-260 tokens took ~0.65 s (~2.7 ms a token) and the SLOs were
-# TTFT p95 1 s and TPOT p95 100 ms: these multiples of the lone request keep those ratios.
+# When the SLOs were fixed (TTFT p95 1 s, TPOT p95 100 ms), a lone answer of 200-260 tokens took
+# ~0.65 s (~2.7 ms a token): these multiples of the lone request keep those ratios.
 TTFT_PER_LONE_LATENCY = 1.5
 TPOT_PER_LONE_TPOT = 40.0
 
@@ -44,8 +44,8 @@ def slos_scaled_to(lone: ReplaySummary) -> list[SLO]:
             SLO(metric="tpot", percentile=95, threshold_ms=TPOT_PER_LONE_TPOT * lone.median_tpot_ms)]
 
 
-# Load-sensitive: beside the tests without an engine a lone answer took 3.5 s instead of 0.65 s
-# and the test 105 s instead of 58 s.
+# Load-sensitive: beside the tests without an engine a lone answer of 200-260 tokens took 3.5 s
+# instead of 0.65 s and the test 105 s instead of 58 s.
 @pytest.mark.engine(starts=3, seconds=41, load_sensitive=True)
 @pytest.mark.slow
 def test_one_sequence_at_a_time_carries_less_than_the_defaults(tmp_path: Path, fork_servers) -> None:

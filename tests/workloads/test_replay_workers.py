@@ -8,6 +8,7 @@ would record them; a stop reaching every worker), never how fast this machine is
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 
 import httpx
 import numpy as np
@@ -16,7 +17,13 @@ import pytest
 from workloads.errors import WorkloadError
 from workloads.replay import ReplayOptions, replay
 from workloads.replay_summary import ReplaySummary, summarize
-from workloads.replay_workers import RATE_PER_WORKER, auto_workers, replay_with_workers
+from workloads.replay_workers import (
+    RATE_PER_WORKER,
+    _Parent,
+    _WorkerSpec,
+    auto_workers,
+    replay_with_workers,
+)
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -120,10 +127,6 @@ def test_bad_worker_counts_are_refused_in_one_line(echo: str) -> None:
 def parent_with_a_finished_worker(sends: tuple | None):
     """A replay's parent whose one worker has already exited, having put `sends` (if any) on
     the inbox just before: that message is in the pipe, not yet read."""
-    import multiprocessing
-
-    from workloads.replay_workers import _Parent, _WorkerSpec
-
     trace = trace_of(2, spacing_ms=10)
     spec = _WorkerSpec(worker=0, trace=trace, indices=np.arange(2), url="http://127.0.0.1:9", options=ReplayOptions())
     parent = _Parent([spec], (), planned=2, on_progress=None)
