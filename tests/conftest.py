@@ -320,7 +320,7 @@ def pytest_configure(config: pytest.Config) -> None:
     directory = config.getoption("reliability_dir")
     if directory is not None:
         config.stash[_LOG] = ReliabilityLog(directory.resolve())
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    worker = xdist_worker(config)
     # A worker's --dist is "no"; xdist keeps whether it was loadgroup here.
     if worker is not None and getattr(config.option, "loadgroup", False) and \
             lane_index(worker, config.getoption("engine_lanes")) is None:
@@ -403,6 +403,14 @@ def engine_plan(items: list[pytest.Item]) -> list[tuple[str, list[pytest.Item]]]
         return stage, -seconds, key
 
     return sorted(units.items(), key=place)
+
+
+def xdist_worker(config: pytest.Config) -> str | None:
+    """This process's xdist worker id ("gw0", ...), or None in the controller or a run without
+    xdist. Not PYTEST_XDIST_WORKER: a pytest that a test starts inherits that variable from the
+    worker it runs on, and would take itself for that worker (and pin itself to its lane)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["workerid"] if workerinput else None
 
 
 def lane_index(worker: str | None, count: int) -> int | None:
@@ -575,7 +583,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     worker's affinity): two engine tests allowed the same CPUs slowed each other ~2x (see above).
     Without workers the tests run one at a time, on every CPU."""
     cpus = item.config.stash.get(_LANE_CPUS, [])
-    lane = lane_index(os.environ.get("PYTEST_XDIST_WORKER"), len(cpus))
+    lane = lane_index(xdist_worker(item.config), len(cpus))
     if len(cpus) < 2 or lane is None or not in_engine_lane(item):
         return (yield)
     before = os.sched_getaffinity(0)

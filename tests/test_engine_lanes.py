@@ -155,7 +155,10 @@ def test_the_engine_lanes_run_on_cpus_of_their_own_and_their_processes_too(
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *workers, "--engine-lanes", "2", "-p", "no:cacheprovider",
          "-W", "ignore::pytest.PytestUnknownMarkWarning"],
-        cwd=suite, env={**os.environ, "LANES_OUT": str(out)}, capture_output=True, text=True, timeout=300,
+        # As if this test ran on the first lane's worker (it may): the inner pytest inherits the
+        # variable, and must not take itself for that worker.
+        cwd=suite, env={**os.environ, "LANES_OUT": str(out), "PYTEST_XDIST_WORKER": "gw0"},
+        capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout + run.stderr
     seen = {name: json.loads((out / name).read_text()) for name in ("first", "second", "plain")}
