@@ -8,7 +8,8 @@ ladder looks for the cliff itself:
    recorded arrival pattern compressed by the step's speed-up; the window repeats itself
    when a step needs more requests than it holds). A step holds at least `step_requests`
    requests and lasts at least `min_step_s`, so its percentile rests on enough requests.
-2. Search: geometric steps (x `growth`) from the start speed-up until a step fails (or down
+2. Search: geometric steps (x `growth`, the factor squared after each further step in the
+   same direction but never past x2) from the start speed-up until a step fails (or down
    until one passes), then bisection (geometric mean) until the failing and passing
    speed-ups are within `resolution` of each other. Capacity = the passing step's offered
    rate (speed-up x the window's recorded rate). Like `vllm bench sweep serve_sla`'s
@@ -83,6 +84,11 @@ __all__ = [
 ]
 
 
+# A step at most doubles (or halves) the last one's rate, whatever the squaring below: past the
+# cliff a bigger jump only offers more overload (and client work) for the same bracket.
+MAX_STEP_FACTOR = 2.0
+
+
 class LadderSettings(BaseModel):
     """How a ladder searches. Defaults suit a GPU; `for_accelerator("cpu")` a laptop."""
 
@@ -93,7 +99,8 @@ class LadderSettings(BaseModel):
     resolution: float = Field(0.1, gt=0)  # stop when fail / pass <= 1 + resolution
     min_speedup: float = Field(1 / 16, gt=0)  # below this the config carries nothing
     max_speedup: float = Field(256.0, gt=0)
-    max_steps: int = Field(12, ge=1)
+    # 14: doubling from x1 brackets a capacity up to the x256 cap and bisects it to 10%.
+    max_steps: int = Field(14, ge=1)
     drain_timeout_s: float = Field(120.0, gt=0)
     max_error_fraction: float = Field(0.05, ge=0, lt=1)
     # One step at `start_speedup`, no search (min-memory: do the SLOs hold at H x the rate?).
@@ -358,7 +365,11 @@ class LoadLadder:
         """Where the next step goes, from the steps so far; None when the search is done.
 
         Unbracketed, each further step in the same direction squares the factor (x1.25,
-        x1.56, x2.4, ...): a hinted start that is far off still brackets in a few steps.
+        x1.56, then x2): a hinted start that is far off still brackets in a few steps. The
+        factor stops at x2 (MAX_STEP_FACTOR): squaring on (factors 2, 4, 16) overshot a GPU's
+        capacity up to 16x, a step of overload and client work that bought no more than a
+        doubling would; with the cap, capacities of 1-16x the recorded rate bracket in half a
+        step fewer on average (a deterministic cliff, start x1, growth x2, resolution 10%).
         Bracketed: the geometric mean of the highest pass and the lowest fail above it.
         """
         settings = self.settings
@@ -375,7 +386,7 @@ class LoadLadder:
             if step.passed != self.steps[-1].passed:
                 break
             run += 1
-        factor = settings.growth ** (2 ** (run - 1))
+        factor = min(settings.growth ** (2 ** (run - 1)), max(settings.growth, MAX_STEP_FACTOR))
         if failed is None:
             assert passed is not None
             if passed >= settings.max_speedup:

@@ -90,8 +90,11 @@ def _ladder(settings: LadderSettings, outcomes: list[tuple[float, bool]]) -> Loa
 def test_search_climbs_until_a_failure_then_bisects_to_the_resolution() -> None:
     settings = LadderSettings(growth=2.0, resolution=0.1)
     assert _ladder(settings, [(1.0, True)]).next_speedup() == 2.0
-    # Consecutive passes square the factor.
-    assert _ladder(settings, [(1.0, True), (2.0, True)]).next_speedup() == 8.0
+    # Consecutive passes would square the factor (x4, x16), but a step at most doubles the last
+    # one's rate: past the cliff a bigger jump only overloads the server more.
+    assert _ladder(settings, [(1.0, True), (2.0, True)]).next_speedup() == 4.0
+    assert _ladder(settings, [(1.0, True), (2.0, True), (4.0, True)]).next_speedup() == 8.0
+    assert _ladder(settings, [(1.0, False), (0.5, False)]).next_speedup() == 0.25
     assert _ladder(settings, [(1.0, True), (2.0, False)]).next_speedup() == pytest.approx(2**0.5)
     assert _ladder(settings, [(1.0, False)]).next_speedup() == 0.5
     done = _ladder(settings, [(1.0, True), (2.0, False), (1.41, True), (1.5, False)])
@@ -106,12 +109,12 @@ def test_search_climbs_until_a_failure_then_bisects_to_the_resolution() -> None:
 
 
 def test_a_config_passing_at_the_highest_rate_is_a_lower_bound() -> None:
-    capped = LadderSettings(growth=2.0, max_speedup=4.0)
-    assert _ladder(capped, [(1.0, True), (2.0, True)]).next_speedup() == 4.0  # not 8: the cap
-    done = _ladder(capped, [(1.0, True), (2.0, True), (4.0, True)])
+    capped = LadderSettings(growth=2.0, max_speedup=3.0)
+    assert _ladder(capped, [(1.0, True), (2.0, True)]).next_speedup() == 3.0  # not 4: the cap
+    done = _ladder(capped, [(1.0, True), (2.0, True), (3.0, True)])
     assert done.next_speedup() is None
     capacity = done.result(window())
-    assert capacity.capacity_speedup == 4.0 and not capacity.bracketed
+    assert capacity.capacity_speedup == 3.0 and not capacity.bracketed
 
 
 def test_a_step_passed_early_says_what_it_did_not_wait_for() -> None:
@@ -134,6 +137,11 @@ def test_a_step_passed_early_says_what_it_did_not_wait_for() -> None:
 def test_hinted_ladder_starts_at_the_hint_with_finer_steps() -> None:
     hinted = LadderSettings(growth=2.0, resolution=0.1).hinted(3.0)
     assert hinted.start_speedup == 3.0 and hinted.growth == pytest.approx(1.25)
+    # Far below its cliff, a hinted ladder's factor squares (x1.25, x1.56) up to x2.
+    ladder = _ladder(hinted, [(3.0, True), (3.75, True)])
+    assert ladder.next_speedup() == pytest.approx(3.75 * 1.25**2)
+    ladder.steps.append(_step(2, 3.75 * 1.25**2, True))
+    assert ladder.next_speedup() == pytest.approx(3.75 * 1.25**2 * 2)
     assert LadderSettings().hinted(None) == LadderSettings()
 
 
