@@ -47,6 +47,7 @@ def steps(quick: bool) -> list[Step]:
         Step("search_grid", ("benchmarks/search_efficiency.py", "measure", "--objective", "capacity",
                              *q, *grid_chunk), engine=True, repeat_until_done=True),
         Step("search_efficiency", ("benchmarks/search_efficiency.py", "replay", *q), engine=False),
+        Step("ladder_search", ("benchmarks/ladder_search.py",), engine=False),  # under a second
         Step("trial_overhead", ("benchmarks/trial_overhead.py", *q), engine=True),
         Step("capacity_repeats", ("benchmarks/capacity_repeats.py", *q), engine=True),
     ]

@@ -84,11 +84,6 @@ __all__ = [
 ]
 
 
-# A step at most doubles (or halves) the last one's rate, whatever the squaring below: past the
-# cliff a bigger jump only offers more overload (and client work) for the same bracket.
-MAX_STEP_FACTOR = 2.0
-
-
 class LadderSettings(BaseModel):
     """How a ladder searches. Defaults suit a GPU; `for_accelerator("cpu")` a laptop."""
 
@@ -96,6 +91,9 @@ class LadderSettings(BaseModel):
     min_step_s: float = Field(10.0, gt=0)  # seconds per step, at least (at the step's rate)
     start_speedup: float = Field(1.0, gt=0)
     growth: float = Field(2.0, gt=1)  # factor between steps until the cliff is bracketed
+    # The factor squares after each further step in one direction, up to this (or `growth`):
+    # past the cliff a bigger jump only offers more overload and client work for the same bracket.
+    max_step_factor: float = Field(2.0, gt=1)
     resolution: float = Field(0.1, gt=0)  # stop when fail / pass <= 1 + resolution
     min_speedup: float = Field(1 / 16, gt=0)  # below this the config carries nothing
     max_speedup: float = Field(256.0, gt=0)
@@ -366,7 +364,7 @@ class LoadLadder:
 
         Unbracketed, each further step in the same direction squares the factor (x1.25,
         x1.56, then x2): a hinted start that is far off still brackets in a few steps. The
-        factor stops at x2 (MAX_STEP_FACTOR): squaring on (factors 2, 4, 16) overshot a GPU's
+        factor stops at x2 (`max_step_factor`): squaring on (factors 2, 4, 16) overshot a GPU's
         capacity up to 16x, a step of overload and client work that bought no more than a
         doubling would; with the cap, capacities of 1-16x the recorded rate bracket in half a
         step fewer on average (a deterministic cliff, start x1, growth x2, resolution 10%).
@@ -386,7 +384,7 @@ class LoadLadder:
             if step.passed != self.steps[-1].passed:
                 break
             run += 1
-        factor = min(settings.growth ** (2 ** (run - 1)), max(settings.growth, MAX_STEP_FACTOR))
+        factor = min(settings.growth ** (2 ** (run - 1)), max(settings.growth, settings.max_step_factor))
         if failed is None:
             assert passed is not None
             if passed >= settings.max_speedup:
