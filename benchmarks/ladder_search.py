@@ -34,12 +34,16 @@ from benchmarks.benchlib import Goal, Recorder, md_table, say  # noqa: E402
 from workloads.replay import ReplayOptions  # noqa: E402
 from workloads.replay_summary import ReplaySummary  # noqa: E402
 from workloads.slo import parse_slo  # noqa: E402
+from workloads.trace import Trace, TraceRequest  # noqa: E402
 
 RULES = {"capped": 2.0, "squared": 1e12}
 BANDS = [(1.05, 4.0), (4.0, 16.0), (16.0, 64.0), (64.0, 250.0)]
 HINT_RATIOS = [0.1, 0.25, 0.5, 0.8, 0.95, 1.05, 1.3, 2.0, 4.0]
 POINTS = 200  # capacities per band, log-spaced
 MEASURED_HEADROOM_MAX = 16.0
+# `LoadLadder.result` reads the window's recorded rate only to turn speed-ups into req/s.
+WINDOW = Trace.from_requests([TraceRequest(timestamp=float(t), input_length=1, output_length=1) for t in (0, 1000)],
+                             source="ladder_search")
 SUMMARY = ReplaySummary(duration=1.0, completed=1, failed=0, total_input_tokens=1, total_output_tokens=1,
                         request_throughput=1.0, output_throughput=1.0, total_token_throughput=1.0)
 
@@ -58,10 +62,8 @@ def search(settings: LadderSettings, capacity: float) -> dict[str, Any]:
             break
         speedup = following
     highest = max(step.speedup for step in ladder.steps)
-    passes = [step.speedup for step in ladder.steps if step.passed]
-    fails = [step.speedup for step in ladder.steps if not step.passed and (not passes or step.speedup > max(passes))]
-    bracketed = bool(passes and fails and min(fails) / max(passes) <= 1 + settings.resolution + 1e-9)
-    return {"steps": len(ladder.steps), "overshoot": highest / capacity, "bracketed": bracketed}
+    return {"steps": len(ladder.steps), "overshoot": highest / capacity,
+            "bracketed": ladder.result(WINDOW).bracketed}
 
 
 def capacities(low: float, high: float) -> np.ndarray:
