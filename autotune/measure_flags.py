@@ -55,7 +55,7 @@ def add_measurement_flags(add: Any) -> None:
              "threshold, at least 50)")
     add("--client-cpus", default="auto", metavar="auto|off|LIST",
         help="CPUs of the load client (the replayer); the server gets the others: auto = the "
-             "last quarter of the host's CPUs on hosts of 8 or more with a GPU engine, off = "
+             "last half of the host's CPUs on hosts of 8 or more with a GPU engine, off = "
              "shared, or a list such as 12-15 (default: %(default)s)")
     add("--fork-servers", choices=FORK_SERVERS_CHOICES, default="on",
         help="start each trial's server (ours, not --server vllm) by forking a process that "

@@ -4,9 +4,14 @@ On one host the replayer and the server take CPU from each other: on a 16-CPU H2
 four front-end processes of the server, its engine core and three replayer processes
 competed, and whichever ran at the lower priority lost (a niced server: engine steps slowed,
 TPOT rose; a niced client: send lag rose). A split gives each its own CPUs: the client the
-last quarter of the host's (at least 2), kept in whole hyper-thread sibling groups, and the
+last half of the host's (at least 2), kept in whole hyper-thread sibling groups, and the
 server everything else. Below MIN_CPUS_TO_SPLIT the two share, as before: a 2-core laptop
 cannot spare a core for either.
+
+Why half (results/benchmarks/frontends-h200, Qwen2-1.5B shape at 200-670 req/s): with a
+quarter (4 of 16 CPUs) the streaming replayer's send-lag p99 reached 6.5-9.6 ms above ~390
+req/s; with half (8) it stayed <= 2.2 ms at every step up to 671 req/s. On its 8 CPUs the
+server (four front ends and the engine core) used at most 1.94 CPUs at any step.
 
 `auto` splits only for engines on an accelerator: vLLM's CPU backend binds its own OpenMP
 threads to cores and must see all of them.
@@ -28,7 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["CpuSplit", "parse_cpu_list"]
 
 MIN_CPUS_TO_SPLIT = 8
-CLIENT_SHARE = 0.25
+CLIENT_SHARE = 0.5
 SYS_CPUS = Path("/sys/devices/system/cpu")
 
 
@@ -90,7 +95,7 @@ class CpuSplit:
         if spec == "auto":
             if accelerator == "cpu" or len(available) < MIN_CPUS_TO_SPLIT:
                 return None
-            return cls.quarter(available, sys_cpus)
+            return cls.client_share(available, sys_cpus)
         try:
             client = parse_cpu_list(spec)
         except ValueError:
@@ -105,9 +110,9 @@ class CpuSplit:
         return cls(client=client, server=available - client)
 
     @classmethod
-    def quarter(cls, available: frozenset[int], sys_cpus: Path = SYS_CPUS) -> CpuSplit:
-        """The client gets whole sibling groups from the highest-numbered CPUs until it has a
-        quarter of them (at least 2); the server the rest."""
+    def client_share(cls, available: frozenset[int], sys_cpus: Path = SYS_CPUS) -> CpuSplit:
+        """The client gets whole sibling groups from the highest-numbered CPUs until it has
+        CLIENT_SHARE of them (at least 2); the server the rest."""
         want = max(2, round(len(available) * CLIENT_SHARE))
         client: set[int] = set()
         for group in reversed(sibling_groups(available, sys_cpus)):

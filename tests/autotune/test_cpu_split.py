@@ -41,17 +41,22 @@ def test_cpu_lists_parse_and_print_as_linux_writes_them() -> None:
             parse_cpu_list(bad)
 
 
-def test_auto_gives_the_client_the_last_quarter_in_whole_sibling_pairs(tmp_path: Path) -> None:
+def test_auto_gives_the_client_the_last_half_in_whole_sibling_pairs(tmp_path: Path) -> None:
     # Hyper-thread pairs (n, n + 8), as on many 16-vCPU cloud hosts.
     topology = fake_topology(tmp_path, {n: f"{n % 8},{n % 8 + 8}" for n in range(16)})
     split = CpuSplit.resolve("auto", accelerator="gpu", available=SIXTEEN, sys_cpus=topology)
     assert split is not None
-    assert split.client == frozenset({6, 7, 14, 15})  # two whole pairs: no core shared
+    assert split.client == frozenset({4, 5, 6, 7, 12, 13, 14, 15})  # four whole pairs: no core shared
     assert split.server == SIXTEEN - split.client
-    assert split.describe() == "client CPUs 6-7,14-15, server CPUs 0-5,8-13"
-    # Unknown topology: one CPU per group, the highest-numbered quarter.
+    assert split.describe() == "client CPUs 4-7,12-15, server CPUs 0-3,8-11"
+    # Unknown topology: one CPU per group, the highest-numbered half.
     plain = CpuSplit.resolve("auto", accelerator="gpu", available=SIXTEEN, sys_cpus=tmp_path / "none")
-    assert plain is not None and plain.client == frozenset({12, 13, 14, 15})
+    assert plain is not None and plain.client == frozenset(range(8, 16))
+    # An odd pair count: whole pairs until the client has at least half.
+    ten = frozenset(range(10))
+    pairs = fake_topology(tmp_path / "ten", {n: f"{n % 5},{n % 5 + 5}" for n in range(10)})
+    odd = CpuSplit.resolve("auto", accelerator="gpu", available=ten, sys_cpus=pairs)
+    assert odd is not None and odd.client == frozenset({2, 3, 4, 7, 8, 9}) and odd.server == frozenset({0, 1, 5, 6})
 
 
 def test_auto_shares_on_small_hosts_and_for_cpu_engines() -> None:
