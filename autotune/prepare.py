@@ -14,7 +14,7 @@ from autotune import preflight
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import LadderSettings
-from autotune.measure.servers import labelled
+from autotune.measure.servers import TrialServer, labelled
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
 from autotune.search.objective import MEMORY_KNOB, default_slos, parse_objective
@@ -101,6 +101,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         for path in request.compare
     }
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))
+    check_searched_serving(space, request.trial_server, baseline, baseline_source)
     profile = profile_trace(trace)
     ladder = ladder_settings(request, accelerator) if objective.uses_ladder else None
     if ladder is not None and objective.kind == "min-memory":
@@ -143,6 +144,29 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         resume_gate=request.resume,
         **{name: getattr(request, name) for name in CARRIED},
     )
+
+
+def check_searched_serving(
+    space: SearchSpace, server: TrialServer, baseline: ServerConfig, baseline_source: str
+) -> None:
+    """Refuse, in one line, a searched front-end count (`api_processes`) that the trials could
+    not vary: on `vllm serve` (its count is one flag for the whole study), beside a fixed
+    --api-server-count, or with a baseline that records traffic (one front end only)."""
+    param = space.params.get("api_processes")
+    if param is None:
+        return
+    where = f"{space.source}: params.api_processes"
+    if server.is_vllm:
+        raise AutotuneError(f"{where}: the front-end count is searched on our server only; with "
+                            "--server vllm give one count with --api-server-count N")
+    if server.api_server_count is not None:
+        raise AutotuneError(f"{where}: --api-server-count {server.api_server_count} fixes the count "
+                            "the space searches; drop one of the two")
+    high = max(param.choices or []) if param.type == "categorical" else param.high
+    if baseline.serving.recorder is not None and (high or 1) > 1:
+        raise AutotuneError(f"{where}: {baseline_source} records traffic (serving.recorder), which "
+                            "needs one front-end process; drop the recorder from the baseline for "
+                            "tuning, or the parameter")
 
 
 def ladder_settings(request: TuningRequest, accelerator: str) -> LadderSettings:

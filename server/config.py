@@ -156,6 +156,12 @@ class ServingSettings(BaseModel):
         return recorder
 
 
+# Our server's settings a search space may vary beside the engine's arguments
+# (autotune.search.space): the front-end count matters where one event loop cannot keep up
+# with a small model on a GPU (results/benchmarks/frontend_capacity.md).
+SEARCHABLE_SERVING_SETTINGS = frozenset({"api_processes"})
+
+
 def snake(key: str) -> str:
     return key.replace("-", "_")
 
@@ -421,6 +427,25 @@ class ServerConfig(BaseModel):
         body = yaml.safe_dump(self.to_mapping(), sort_keys=False, allow_unicode=True)
         text = "\n".join(lines + [body]) if lines else body
         write_text_atomic(path, text)  # owner-only (0600): a config may hold an API token
+
+    def with_overrides(self, overrides: Mapping[str, Any], *, source: str = "the search space") -> ServerConfig:
+        """This config with searched values on top: engine arguments into `engine`, our server's
+        searchable settings (SEARCHABLE_SERVING_SETTINGS) into `serving`. ConfigError where the
+        serving settings refuse a value (e.g. several front ends beside the recorder)."""
+        engine = {k: v for k, v in overrides.items() if k not in SEARCHABLE_SERVING_SETTINGS}
+        serving = {k: v for k, v in overrides.items() if k in SEARCHABLE_SERVING_SETTINGS}
+        update: dict[str, Any] = {"engine": {**self.engine, **engine}}
+        if serving:
+            update["serving"] = validated(ServingSettings, {**self.serving.model_dump(), **serving},
+                                          source, "serving", None)
+        return self.model_copy(update=update)
+
+    def searchable_values(self, effective_defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """What a search space reads of this config: vLLM's `effective_defaults`, the engine
+        arguments it sets on top, and our server's searchable settings."""
+        engine = {k: v for k, v in self.engine.items() if v is not None}
+        serving = {name: getattr(self.serving, name) for name in sorted(SEARCHABLE_SERVING_SETTINGS)}
+        return {**effective_defaults, **engine, **serving}
 
     def engine_settings(self) -> dict[str, Any]:
         """The engine arguments as given (snake_case), our `vllm_autotune` section left out."""

@@ -79,7 +79,7 @@ def hardware() -> dict[str, Any]:
 
 def final_config(baseline: ServerConfig, overrides: dict[str, Any]) -> ServerConfig:
     """What to deploy: the baseline as the user runs it, plus the winner's overrides."""
-    return baseline.model_copy(update={"engine": {**baseline.engine, **overrides}, "provenance": None})
+    return baseline.with_overrides(overrides).model_copy(update={"provenance": None})
 
 
 def build_provenance(

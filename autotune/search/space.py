@@ -1,6 +1,8 @@
 """The search space: which engine arguments the tuner varies, over which ranges, under which rules.
 
-A space is a set of parameters (each an `AsyncEngineArgs` field) plus relations between them.
+A space is a set of parameters (each an `AsyncEngineArgs` field, or one of our server's
+searchable settings: `api_processes`, the front-end processes on one engine core) plus
+relations between them.
 Defaults follow the product card (max_num_seqs 1-32, batched tokens a power of two,
 gpu_memory_utilization a band that suits the device); `--space FILE.yaml` widens, narrows,
 drops or adds parameters and relations:
@@ -8,6 +10,7 @@ drops or adds parameters and relations:
     params:
       max_num_seqs: {type: int, low: 1, high: 64, log: true}
       enable_prefix_caching: {type: categorical, choices: [true, false]}
+      api_processes: {type: int, low: 1, high: 4}   # our server's front ends (not in the defaults)
       gpu_memory_utilization: null          # stop varying it (the baseline's value stays)
     relations:
       - "max_num_batched_tokens >= 2048 if not enable_chunked_prefill"
@@ -36,6 +39,7 @@ from autotune.search.relations import (
     Scalar,
     parse_relation,
 )
+from server.config import SEARCHABLE_SERVING_SETTINGS
 
 if TYPE_CHECKING:
     import optuna
@@ -225,8 +229,15 @@ class SearchSpace:
         return space
 
     def check_names(self, known: frozenset[str]) -> None:
-        """Every parameter and relation operand must be an engine argument of this vLLM."""
-        for name in self.params:
+        """Every parameter and relation operand must be an engine argument of this vLLM (or one
+        of our server's searchable settings)."""
+        known = known | SEARCHABLE_SERVING_SETTINGS
+        for name, param in self.params.items():
+            if name in SEARCHABLE_SERVING_SETTINGS and not _whole_from_one(param):
+                raise AutotuneError(
+                    f"{self.source}: field 'params.{name}' = {param.describe()}: a count of "
+                    f"processes: type int or pow2 with low >= 1, or whole-number choices >= 1"
+                )
             if name not in known:
                 raise AutotuneError(
                     f"{self.source}: field 'params.{name}': not an engine argument of the installed "
@@ -301,6 +312,13 @@ def _on_step(value: float, param: ParamSpec) -> float:
     """`value` without the float noise of Optuna's low + k * step (0.15000000000000002), which
     would reach the config file and the report; 10 decimals outlast any step a space uses."""
     return round(value, 10) if param.step else value
+
+
+def _whole_from_one(param: ParamSpec) -> bool:
+    """Whether every value `param` can propose is a whole number >= 1."""
+    if param.type == "categorical":
+        return all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in param.choices or [])
+    return param.type in ("int", "pow2") and (param.low or 0) >= 1
 
 
 def _is_pow2(value: int) -> bool:

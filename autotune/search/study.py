@@ -59,7 +59,7 @@ from autotune.search.trial_records import (
     trial_config,
     trial_label,
 )
-from server.config import ServerConfig
+from server.config import SEARCHABLE_SERVING_SETTINGS, ServerConfig
 
 # Relation operands that are not usually search parameters but matter for the built-ins.
 CONTEXT_KEYS = ("max_model_len", "enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens")
@@ -331,7 +331,7 @@ class TuningStudy:
         # without it (autotune.decide.outcome).
         if any(is_baseline(t) and t.state in measured and not t.user_attrs.get("failure") for t in trials):
             return
-        known = {**self.inputs.effective_defaults, **explicit_engine(self.inputs.baseline)}
+        known = self.inputs.baseline.searchable_values(self.inputs.effective_defaults)
         fixed = self.inputs.space.fixed_params(known)
         names = [n for n in self.inputs.space.params if n in fixed or f"{POW2_PREFIX}{n}" in fixed]
         study.enqueue_trial(fixed, user_attrs={"baseline": True, "fixed": names})
@@ -386,10 +386,12 @@ class TuningStudy:
         else:
             params = self.inputs.space.suggest(trial)
         config = self.trial_config(params)
-        context = {**self.inputs.effective_defaults, **explicit_engine(config)}
+        context = config.searchable_values(self.inputs.effective_defaults)
         trial.set_user_attr("engine_params", {k: context.get(k) for k in self.inputs.space.params})
         trial.set_user_attr("overrides", params)
-        trial.set_user_attr("explicit", sorted(k for k in explicit_engine(config) if k in self.inputs.space.params))
+        # vLLM's defaults are marked as such in the report; our server's settings are always set.
+        set_here = {*explicit_engine(config), *SEARCHABLE_SERVING_SETTINGS}
+        trial.set_user_attr("explicit", sorted(k for k in self.inputs.space.params if k in set_here))
         trial.set_user_attr("trial_dir", str(trial_dir))
         broken = [] if baseline else self.inputs.space.broken_relations(context)
         if broken:

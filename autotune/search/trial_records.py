@@ -99,10 +99,11 @@ def explicit_engine(config: ServerConfig) -> dict[str, Any]:
 
 
 def trial_config(baseline: ServerConfig, params: dict[str, Any]) -> ServerConfig:
-    """The baseline with `params` on top, in benchmark mode (exact output lengths)."""
-    engine = {**baseline.engine, **params}
-    serving = baseline.serving.model_copy(update={"benchmark_mode": True})
-    return baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
+    """The baseline with `params` on top (ServerConfig.with_overrides), in benchmark mode (exact
+    output lengths)."""
+    config = baseline.with_overrides(params)
+    serving = config.serving.model_copy(update={"benchmark_mode": True})
+    return config.model_copy(update={"serving": serving, "provenance": None})
 
 
 def memory_of(config: ServerConfig, effective_defaults: dict[str, Any]) -> float | None:

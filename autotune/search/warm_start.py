@@ -99,7 +99,7 @@ def warm_start_trials(
     deployed: ServerConfig, space: Any, effective: dict[str, Any], limit: int
 ) -> list[WarmStart]:
     """At most `limit` distinct warm starts, none equal to the deployed config itself."""
-    engine = {**effective, **{k: v for k, v in deployed.engine.items() if v is not None}}
+    engine = deployed.searchable_values(effective)
     own = space.fixed_params(engine)
     chosen: list[WarmStart] = []
     seen = [own]

@@ -21,6 +21,8 @@ Keys (all optional):
                   the pair with the highest MEMORY at or under it (a config that carries more
                   with more memory); the start log then has vLLM 0.32 CPU's KV cache lines,
                   scaled to the memory
+  front_end_slots [[PROCESSES, SLOTS], ...]: `slots` from the config's serving.api_processes,
+                  likewise (a server whose front ends limit what it carries)
 GET /stats answers {"completions": n}: the completions received so far (for tests that act
 once the measured window is under way).
 """
@@ -80,6 +82,10 @@ def main() -> int:
               "0.68 GiB memory was consumed by non-kv usages.", flush=True)
         print(f"(EngineCore pid=4935) INFO 11-24 07:43:17 [kv_cache_utils.py:2327] CPU KV cache size: "
               f"{tokens:,} tokens, Maximum concurrency for 2,048 tokens per request: 59.06x", flush=True)
+    if behaviour.get("front_end_slots"):
+        processes = config_api_processes(args.config)
+        slots = max((s for low, s in behaviour["front_end_slots"] if low <= processes), default=1)
+        print(f"fake server: {processes} front-end processes, {slots} slots", flush=True)
     gate = threading.Semaphore(slots) if slots else None
     gauges = {"running": 0, "waiting": 0}
 
@@ -180,6 +186,16 @@ def main() -> int:
     if exit_code == -signal.SIGKILL:
         os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
     return exit_code
+
+
+def config_api_processes(path: str) -> int:
+    """serving.api_processes of a trial's config.yaml (our section of it)."""
+    import yaml
+
+    with open(path) as handle:
+        config = yaml.safe_load(handle) or {}
+    serving = ((config.get("additional-config") or {}).get("vllm_autotune") or {}).get("serving") or {}
+    return int(serving.get("api_processes", 1))
 
 
 def config_memory(path: str) -> float:

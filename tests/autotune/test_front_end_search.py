@@ -1,0 +1,109 @@
+"""The front-end process count as a searched parameter (`api_processes` in a --space file):
+the real CLI in its own process, every trial server a fake that carries more with more
+front ends (one slot behind one front end, eight behind two), so the count decides capacity.
+Plus the refusals a user can cause, each one line and exit 2, before any trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.cli import main
+from server.config import ServerConfig
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
+TUNER = HERE / "fake_server_tuner.py"
+SPACE = "extend_defaults: false\nparams:\n  api_processes: {type: int, low: 1, high: 2}\n"
+# Goodput (one replay of the window per trial) rather than the capacity ladder: what is under
+# test is the count's way from the space to the servers and best.yaml, not the objective.
+# The seeded sampler's first proposal after the baseline is the other count.
+ARGS = ["--workload", SAMPLE, "--objective", "goodput", "--trials", "2", "--tuning-window", "8",
+        "--holdout-window", "6", "--top-k", "1", "--repeats", "1",
+        "--slo", "ttft_p50_ms=1000", "--slo", "tpot_p50_ms=100", "--study-name", "fronts"]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp_path = tmp_path_factory.mktemp("front-ends")
+    behaviour, space, out = tmp_path / "behaviour.json", tmp_path / "space.yaml", tmp_path / "out"
+    behaviour.write_text(json.dumps({"front_end_slots": [[1, 1], [2, 8]], "token_delay_s": 0.005}))
+    space.write_text(SPACE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(TUNER), str(behaviour), "run", *ARGS, "--space", str(space),
+                           "--output-dir", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    return out, done
+
+
+def trial_processes(out: Path) -> dict[str, int]:
+    """Each trial's front-end count, as its config.yaml gave it to the server."""
+    counts = {}
+    for path in sorted((out / "trials").glob("trial-*/config.yaml")):
+        counts[path.parent.name] = ServerConfig.load(path).serving.api_processes
+    return counts
+
+
+@pytest.mark.slow
+def test_the_searched_front_end_count_reaches_the_servers_and_the_exported_config(tuned) -> None:
+    out, done = tuned
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = trial_processes(out)
+    assert counts["trial-0000"] == 1  # the baseline: the server's default
+    assert set(counts.values()) == {1, 2}, counts
+    # Every trial server started with the count its config.yaml says.
+    for name, count in counts.items():
+        log = (out / "trials" / name / "server.log").read_text()
+        assert f"fake server: {count} front-end processes" in log
+    # Two front ends meet the SLOs here and one does not: the exported config keeps two, where both
+    # our server and `vllm serve` read it (our section; no engine argument of that name).
+    best_path = out / "best.yaml"
+    best = yaml.safe_load(best_path.read_text())
+    assert best["additional-config"]["vllm_autotune"]["serving"]["api_processes"] == 2
+    assert not {"api_processes", "api-processes"} & set(best)
+    assert ServerConfig.load(best_path).serving.api_processes == 2
+    report = (out / "report.md").read_text()
+    assert "api_processes" in report
+
+
+def refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, space: str, *args: str) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(space)
+    code = main(["run", "--workload", SAMPLE, "--space", str(path), "--output-dir", str(tmp_path / "out"),
+                 "--tuning-window", "8", "--holdout-window", "6", "--slo", "ttft_p50_ms=1000", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert not (tmp_path / "out" / "trials").exists()
+    return err.removeprefix("autotune: error: ")
+
+
+@pytest.mark.slow
+def test_a_front_end_count_that_is_not_a_whole_number_from_one_is_refused(tmp_path: Path, capsys) -> None:
+    err = refused(capsys, tmp_path, "params:\n  api_processes: {type: float, low: 0.5, high: 2}\n")
+    assert err == (f"{tmp_path / 'space.yaml'}: field 'params.api_processes' = float 0.5..2.0: a count of "
+                   "processes: type int or pow2 with low >= 1, or whole-number choices >= 1")
+
+
+def test_a_searched_front_end_count_beside_a_fixed_one_is_refused(tmp_path: Path, capsys) -> None:
+    err = refused(capsys, tmp_path, SPACE, "--api-server-count", "2")
+    assert err == (f"{tmp_path / 'space.yaml'}: params.api_processes: --api-server-count 2 fixes the "
+                   "count the space searches; drop one of the two")
+
+
+def test_a_searched_front_end_count_with_a_recording_baseline_is_refused(tmp_path: Path, capsys) -> None:
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(
+        "additional-config:\n  vllm_autotune:\n    serving:\n      recorder:\n"
+        f"        directory: {tmp_path / 'recorded'}\n"
+    )
+    err = refused(capsys, tmp_path, SPACE, "--baseline", str(baseline))
+    assert err.startswith(f"{tmp_path / 'space.yaml'}: params.api_processes: ")
+    assert err.endswith("records traffic (serving.recorder), which needs one front-end process; drop the "
+                        "recorder from the baseline for tuning, or the parameter")
