@@ -182,6 +182,13 @@ def decide(
     effect = (best.median - base.median) / base.median if base.median > 0 else None
     figures = {"effect": effect, "ci_low": ci_low, "ci_high": ci_high}
     pct = f"{confidence:.0%}"
+    if ci_high < 0:
+        return keep(
+            f"{best.candidate}, the best searched config, is worse than the baseline "
+            f"({pct} CI of the difference [{ci_low:.3g}, {ci_high:.3g}] is below 0)",
+            best,
+            **figures,
+        )
     if ci_low <= 0:
         return keep(
             f"{best.candidate} is not better than the baseline beyond the noise "

@@ -38,6 +38,16 @@ def test_win_within_the_noise_keeps_the_baseline() -> None:
     assert "noise" in decision.reason or "spread" in decision.reason
 
 
+def test_a_candidate_clearly_worse_is_called_worse_not_within_the_noise() -> None:
+    # The demo's gate once said "[-25.2, -19.6] includes 0" of a config that lost every repeat.
+    runs = series(BASELINE, [98.0, 104.0, 99.0]) + series("trial-0001", [77.0, 79.0, 80.0])
+    decision = decide(runs)
+    assert decision.keep_baseline and decision.best_candidate == "trial-0001"
+    assert decision.ci_high < 0
+    assert decision.reason.startswith("trial-0001, the best searched config, is worse than the baseline")
+    assert "is below 0" in decision.reason and "includes 0" not in decision.reason
+
+
 def test_consistent_but_smaller_than_spread_gain_keeps_the_baseline() -> None:
     # Every candidate run beats every baseline run (CI above 0) but by less than the
     # baseline's own run-to-run spread: not a gain anyone can rely on.
