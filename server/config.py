@@ -428,7 +428,7 @@ class ServerConfig(BaseModel):
         text = "\n".join(lines + [body]) if lines else body
         write_text_atomic(path, text)  # owner-only (0600): a config may hold an API token
 
-    def with_overrides(self, overrides: Mapping[str, Any], *, source: str = "the search space") -> ServerConfig:
+    def with_overrides(self, overrides: Mapping[str, Any]) -> ServerConfig:
         """This config with searched values on top: engine arguments into `engine`, our server's
         searchable settings (SEARCHABLE_SERVING_SETTINGS) into `serving`. ConfigError where the
         serving settings refuse a value (e.g. several front ends beside the recorder)."""
@@ -437,7 +437,7 @@ class ServerConfig(BaseModel):
         update: dict[str, Any] = {"engine": {**self.engine, **engine}}
         if serving:
             update["serving"] = validated(ServingSettings, {**self.serving.model_dump(), **serving},
-                                          source, "serving", None)
+                                          "the search space", "serving", None)
         return self.model_copy(update=update)
 
     def searchable_values(self, effective_defaults: Mapping[str, Any]) -> dict[str, Any]:

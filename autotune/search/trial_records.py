@@ -108,7 +108,7 @@ def trial_config(baseline: ServerConfig, params: dict[str, Any]) -> ServerConfig
 
 def memory_of(config: ServerConfig, effective_defaults: dict[str, Any]) -> float | None:
     """The gpu_memory_utilization `config` runs with (vLLM's default when it sets none)."""
-    value = {**effective_defaults, **explicit_engine(config)}.get(MEMORY_KNOB)
+    value = config.searchable_values(effective_defaults).get(MEMORY_KNOB)
     return None if value is None else float(value)
 
 

@@ -74,7 +74,7 @@ def main() -> int:
     slots = behaviour.get("slots")
     if behaviour.get("memory_slots"):
         memory = config_memory(args.config)
-        slots = max((s for low, s in behaviour["memory_slots"] if low <= memory + 1e-9), default=1)
+        slots = slots_at(behaviour["memory_slots"], memory + 1e-9)
         # The lines vLLM 0.32's CPU backend logs at start (copied from a real server.log).
         kv_gib, tokens = round(memory * 2.3, 2), int(memory * 1_209_600)
         print(f"(Worker pid=4999) INFO 11-24 07:43:17 [cpu_worker.py:260] Auto set ({kv_gib}/9.09) GiB "
@@ -84,7 +84,7 @@ def main() -> int:
               f"{tokens:,} tokens, Maximum concurrency for 2,048 tokens per request: 59.06x", flush=True)
     if behaviour.get("front_end_slots"):
         processes = config_api_processes(args.config)
-        slots = max((s for low, s in behaviour["front_end_slots"] if low <= processes), default=1)
+        slots = slots_at(behaviour["front_end_slots"], processes)
         print(f"fake server: {processes} front-end processes, {slots} slots", flush=True)
     gate = threading.Semaphore(slots) if slots else None
     gauges = {"running": 0, "waiting": 0}
@@ -188,22 +188,29 @@ def main() -> int:
     return exit_code
 
 
-def config_api_processes(path: str) -> int:
-    """serving.api_processes of a trial's config.yaml (our section of it)."""
+def slots_at(pairs: list[list[float]], value: float) -> int:
+    """The slots of the pair with the highest threshold at or under `value` (1 if none)."""
+    return max((slots for low, slots in pairs if low <= value), default=1)
+
+
+def read_config(path: str) -> dict:
+    """A trial's config.yaml as a mapping."""
     import yaml
 
     with open(path) as handle:
-        config = yaml.safe_load(handle) or {}
+        return yaml.safe_load(handle) or {}
+
+
+def config_api_processes(path: str) -> int:
+    """serving.api_processes of a trial's config.yaml (our section of it)."""
+    config = read_config(path)
     serving = ((config.get("additional-config") or {}).get("vllm_autotune") or {}).get("serving") or {}
     return int(serving.get("api_processes", 1))
 
 
 def config_memory(path: str) -> float:
     """gpu_memory_utilization of a trial's config.yaml (either spelling)."""
-    import yaml
-
-    with open(path) as handle:
-        config = yaml.safe_load(handle) or {}
+    config = read_config(path)
     value = config.get("gpu-memory-utilization", config.get("gpu_memory_utilization"))
     return float(value if value is not None else 0.9)
 
