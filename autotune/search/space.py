@@ -279,6 +279,22 @@ class SearchSpace:
                 values[name] = _on_step(value, param)
         return values
 
+    def engine_values(self, optuna_params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The engine values of a config given as Optuna parameters (`suggest`'s names and
+        representation); None when a parameter of the space is missing from them."""
+        values: dict[str, Any] = {}
+        for name, param in self.params.items():
+            key = POW2_PREFIX + name if param.type == "pow2" else name
+            if key not in optuna_params:
+                return None
+            value = optuna_params[key]
+            if param.type == "pow2":
+                value = 2 ** int(value)
+            elif param.type == "float":
+                value = _on_step(float(value), param)
+            values[name] = value
+        return values
+
     def fixed_params(self, engine_values: Mapping[str, Any]) -> dict[str, Any]:
         """Optuna parameter values for the engine values the space can represent (used to
         enqueue the baseline so the sampler learns from it); others are left out."""

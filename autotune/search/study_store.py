@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
 from autotune.search.objective import Objective
+from autotune.search.sampler import FreshConfigSampler
 from autotune.search.space import SearchSpace
 from autotune.search.trial_records import lost_worker, trial_label
 from server.config import ServerConfig
@@ -317,14 +318,7 @@ class StudyStore:
                 ) from None
         # On resume a fresh sampler seeded alike would re-propose the first run's random
         # points; offsetting by the trials so far keeps runs reproducible and distinct.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=options.seed + previous,
-                multivariate=True,
-                group=True,
-                n_startup_trials=self._startup_trials(),
-            )
+        sampler = self._sampler(options.seed + previous)
         pruner = self._pruner()
         if exists:
             study = optuna.load_study(
@@ -355,15 +349,7 @@ class StudyStore:
         configs. TPE's constant liar keeps a worker away from configs others are measuring.
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=self.options.seed if seed is None else seed,
-                multivariate=True,
-                group=True,
-                constant_liar=True,
-                n_startup_trials=self._startup_trials(),
-            )
+        sampler = self._sampler(self.options.seed if seed is None else seed, constant_liar=True)
         try:
             study = optuna.load_study(
                 study_name=self.options.study_name, storage=storage, sampler=sampler, pruner=self._pruner()
@@ -374,6 +360,20 @@ class StudyStore:
                 f"`autotune run --workers-only --storage URL --study-name NAME ...`"
             ) from None
         return study
+
+    def _sampler(self, seed: int, *, constant_liar: bool = False) -> FreshConfigSampler:
+        """Multivariate TPE that draws again rather than launch a config measured before
+        (autotune.search.sampler)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            tpe = optuna.samplers.TPESampler(
+                seed=seed,
+                multivariate=True,
+                group=True,
+                constant_liar=constant_liar,
+                n_startup_trials=self._startup_trials(),
+            )
+        return FreshConfigSampler(tpe, self.inputs.space.engine_values)
 
     def _startup_trials(self) -> int:
         # Optuna's default of 10 random trials would make a 6-trial study pure random search.
