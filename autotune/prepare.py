@@ -150,15 +150,12 @@ def check_searched_serving(
     space: SearchSpace, server: TrialServer, baseline: ServerConfig, baseline_source: str
 ) -> None:
     """Refuse, in one line, a searched front-end count (`api_processes`) that the trials could
-    not vary: on `vllm serve` (its count is one flag for the whole study), beside a fixed
-    --api-server-count, or with a baseline that records traffic (one front end only)."""
+    not vary: beside a fixed --api-server-count, or with a baseline that records traffic (one
+    front end only). On `vllm serve` each trial's count is its `--api-server-count`."""
     param = space.params.get("api_processes")
     if param is None:
         return
     where = f"{space.source}: params.api_processes"
-    if server.is_vllm:
-        raise AutotuneError(f"{where}: the front-end count is searched on our server only; with "
-                            "--server vllm give one count with --api-server-count N")
     if server.api_server_count is not None:
         raise AutotuneError(f"{where}: --api-server-count {server.api_server_count} fixes the count "
                             "the space searches; drop one of the two")

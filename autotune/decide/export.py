@@ -136,7 +136,9 @@ def build_provenance(
     }
 
 
-def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str:
+def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml", front_ends: int = 1) -> str:
+    """The comment block on top of an exported config; `front_ends`: its serving.api_processes,
+    which `vllm serve` takes as a flag, not from the file."""
     decision = provenance["decision"]
     if decision["kept_baseline"]:
         verdict = f"KEPT THE BASELINE: {decision['reason']}"
@@ -157,7 +159,8 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml") -> str
             *trial_server_lines(provenance),
             f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
             *preflight_lines(workload),
-            f"use: python -m server --config {path_hint}   or   vllm serve --config {path_hint}",
+            f"use: python -m server --config {path_hint}   or   vllm serve --config {path_hint}"
+            + (f" --api-server-count {front_ends}" if front_ends > 1 else ""),
             "full provenance: additional-config.vllm_autotune.provenance below",
         ]
     )
@@ -207,5 +210,5 @@ def preflight_lines(workload: dict[str, Any]) -> list[str]:
 def export_best(path: Path, config: ServerConfig, provenance: dict[str, Any]) -> ServerConfig:
     """Write `config` with `provenance` to `path` atomically; returns what was written."""
     final = config.model_copy(update={"provenance": provenance})
-    final.write(path, header=header_text(provenance, path.name))
+    final.write(path, header=header_text(provenance, path.name, final.serving.api_processes))
     return final

@@ -13,7 +13,10 @@ way; what differs is the command, the file each one is given and what it may be 
   [--api-server-count N]`, which is vLLM's own CLI run unchanged with our lifeline around it
   (server.vllm_serve says why). The file holds engine arguments only: host and port come on
   the command line, and our `vllm_autotune` section (our server's settings, provenance) is
-  left out, since `vllm serve` would only hand it to platform plugins.
+  left out, since `vllm serve` would only hand it to platform plugins. The one setting of
+  ours `vllm serve` has is the front-end count: a config's `serving.api_processes` (a
+  searched one, or the baseline's) is passed as `--api-server-count`, unless the flag fixes
+  the count for the whole study.
 
 Stock vLLM accepts what the replayer sends (token-id prompts, `ignore_eos` / `min_tokens`,
 `stream_options.include_usage`, `return_token_ids`) on any request, so it needs no
@@ -37,6 +40,8 @@ SERVER_CHOICES: tuple[ServerKind, ...] = ("autotune", "vllm")
 # The module our wrapper runs: where `vllm serve` lives in vLLM 0.8 and later (0.24, 0.32).
 VLLM_CLI_MODULE = "vllm.entrypoints.cli.serve"
 VLLM_SERVE_CONFIG = "vllm-serve.yaml"  # beside the trial's config.yaml
+# Our serving settings `vllm serve` has too (as --api-server-count), or does not need.
+VLLM_SERVE_HAS = frozenset({"benchmark_mode", "api_processes"})
 
 
 class TrialServer(BaseModel):
@@ -54,12 +59,13 @@ class TrialServer(BaseModel):
     def is_vllm(self) -> bool:
         return self.kind == "vllm"
 
-    def describe(self) -> str:
-        """One line for logs, outcome.json and the report."""
+    def describe(self, config: ServerConfig | None = None) -> str:
+        """One line for logs, outcome.json and the report (of one trial: with its `config`)."""
         if not self.is_vllm:
             count = f" --api-processes {self.api_server_count}" if self.api_server_count else ""
             return f"python -m server{count} (vllm-autotune's server)"
-        count = f" --api-server-count {self.api_server_count}" if self.api_server_count else ""
+        front_ends = self.front_ends(config)
+        count = f" --api-server-count {front_ends}" if front_ends else ""
         return f"vllm serve{count} (stock vLLM)"
 
     def command(self, python: str) -> list[str]:
@@ -68,16 +74,27 @@ class TrialServer(BaseModel):
             return [python, "-m", "server.vllm_serve", "serve"]
         return [python, "-m", "server"]
 
-    def extra_args(self, host: str) -> list[str]:
+    def extra_args(self, host: str, config: ServerConfig | None = None) -> list[str]:
+        """The arguments after `--config FILE --port P` for a trial of `config`."""
         if not self.is_vllm:
             args = ["--benchmark-mode"]  # lets the replayer force output lengths
             if self.api_server_count is not None:
                 args += ["--api-processes", str(self.api_server_count)]
             return args
         args = ["--host", host]
-        if self.api_server_count is not None:
-            args += ["--api-server-count", str(self.api_server_count)]
+        count = self.front_ends(config)
+        if count is not None:
+            args += ["--api-server-count", str(count)]
         return args
+
+    def front_ends(self, config: ServerConfig | None) -> int | None:
+        """`vllm serve`'s `--api-server-count` for `config`: the flag's, else the config's
+        `serving.api_processes` where it is not the default of one (None: vLLM's default)."""
+        if self.api_server_count is not None:
+            return self.api_server_count
+        if config is not None and config.serving.api_processes != ServingSettings().api_processes:
+            return config.serving.api_processes
+        return None
 
     def served(self, config: ServerConfig) -> ServerConfig:
         """`config` as this server runs it: ours with `serving.api_processes` set from
@@ -144,14 +161,17 @@ def _importable(module: str) -> bool:
 
 
 def our_server_settings(config: ServerConfig) -> list[str]:
-    """The serving settings `config` changes from their defaults (our server's only).
+    """The serving settings `config` changes from their defaults that `vllm serve` lacks.
 
     `benchmark_mode` does not count: the tuner turns it on for its own trials anyway, and
-    stock vLLM always accepts what it allows."""
+    stock vLLM always accepts what it allows; nor does `api_processes`, which is
+    `--api-server-count` there."""
     defaults = ServingSettings()
     changed = []
     for name in ServingSettings.model_fields:
-        if name != "benchmark_mode" and getattr(config.serving, name) != getattr(defaults, name):
+        if name in VLLM_SERVE_HAS:
+            continue
+        if getattr(config.serving, name) != getattr(defaults, name):
             changed.append(name)
     return changed
 

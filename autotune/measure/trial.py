@@ -277,7 +277,7 @@ class TrialRunner:
             raise AutotuneError(f"{trial_dir}: the trial window has no requests")
         trial_dir = Path(trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        trial = _Trial(trial_dir, self.server.describe())
+        trial = _Trial(trial_dir, self.server.describe(config))
         interrupted = False
         pinned = self.cpu_split.client_pinned() if self.cpu_split else contextlib.nullcontext()
         try:
@@ -285,7 +285,7 @@ class TrialRunner:
                 try:
                     config = self.server.served(config)  # e.g. our --api-processes N
                     config.write(trial_dir / "config.yaml")
-                    self._start(trial, self.server.write_config(config, trial_dir))
+                    self._start(trial, self.server.write_config(config, trial_dir), config)
                     if self.ladder is not None:
                         asyncio.run(self._measure_ladder(trial, window, start_speedup))
                     else:
@@ -317,14 +317,14 @@ class TrialRunner:
         return replay_with_workers(trace, url, options, workers=self.replay_workers,
                                    on_progress=on_progress)
 
-    def _start(self, trial: _Trial, config_path: Path) -> None:
+    def _start(self, trial: _Trial, config_path: Path, config: ServerConfig) -> None:
         launcher = ServerLauncher(
             host=self.host,
             startup_timeout_s=self.startup_timeout_s,
             registry=StaleServerRegistry(self.stale_registry) if self.stale_registry else None,
             study=trial.dir.parent.name,
             command=self.server_command or self.server.command(self.python),
-            extra_args=self.server.extra_args(self.host),
+            extra_args=self.server.extra_args(self.host, config),
             cpu_split=self.cpu_split,
             forkserver=self.forkserver(trial.dir.parent),
         )

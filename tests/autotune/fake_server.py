@@ -21,7 +21,8 @@ Keys (all optional):
                   the pair with the highest MEMORY at or under it (a config that carries more
                   with more memory); the start log then has vLLM 0.32 CPU's KV cache lines,
                   scaled to the memory
-  front_end_slots [[PROCESSES, SLOTS], ...]: `slots` from the config's serving.api_processes,
+  front_end_slots [[PROCESSES, SLOTS], ...]: `slots` from the front-end count (`--api-server-count`,
+                  as `vllm serve` takes it, else the config's serving.api_processes),
                   likewise (a server whose front ends limit what it carries)
 GET /stats answers {"completions": n}: the completions received so far (for tests that act
 once the measured window is under way).
@@ -46,6 +47,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--benchmark-mode", action="store_true")
     parser.add_argument("--behaviour")
+    # As `vllm serve` takes them (--server vllm): the count overrides the file's.
+    parser.add_argument("--host")
+    parser.add_argument("--api-server-count", type=int)
     args = parser.parse_args()
     with open(args.behaviour or args.config) as handle:
         behaviour = json.load(handle)
@@ -83,7 +87,7 @@ def main() -> int:
         print(f"(EngineCore pid=4935) INFO 11-24 07:43:17 [kv_cache_utils.py:2327] CPU KV cache size: "
               f"{tokens:,} tokens, Maximum concurrency for 2,048 tokens per request: 59.06x", flush=True)
     if behaviour.get("front_end_slots"):
-        processes = config_api_processes(args.config)
+        processes = args.api_server_count or config_api_processes(args.config)
         slots = slots_at(behaviour["front_end_slots"], processes)
         print(f"fake server: {processes} front-end processes, {slots} slots", flush=True)
     gate = threading.Semaphore(slots) if slots else None

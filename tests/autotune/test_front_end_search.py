@@ -1,7 +1,9 @@
 """The front-end process count as a searched parameter (`api_processes` in a --space file):
 the real CLI in its own process, every trial server a fake that carries more with more
-front ends (one slot behind one front end, eight behind two), so the count decides capacity.
-Plus the refusals a user can cause, each one line and exit 2, before any trial."""
+front ends (one slot behind one front end, eight behind two), so the count decides capacity;
+on our server (the count in each trial's config.yaml) and on `vllm serve` (`--server vllm`:
+the count as its `--api-server-count`). Plus the refusals a user can cause, each one line and
+exit 2, before any trial."""
 
 from __future__ import annotations
 
@@ -30,17 +32,19 @@ ARGS = ["--workload", SAMPLE, "--objective", "goodput", "--trials", "2", "--tuni
         "--slo", "ttft_p50_ms=1000", "--slo", "tpot_p50_ms=100", "--study-name", "fronts"]
 
 
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    tmp_path = tmp_path_factory.mktemp("front-ends")
+@pytest.fixture(scope="module", params=["autotune", "vllm"])
+def tuned(request: pytest.FixtureRequest,
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str], str]:
+    server = request.param
+    tmp_path = tmp_path_factory.mktemp(f"front-ends-{server}")
     behaviour, space, out = tmp_path / "behaviour.json", tmp_path / "space.yaml", tmp_path / "out"
     behaviour.write_text(json.dumps({"front_end_slots": [[1, 1], [2, 8]], "token_delay_s": 0.005}))
     space.write_text(SPACE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(TUNER), str(behaviour), "run", *ARGS, "--space", str(space),
-                           "--output-dir", str(out)],
+                           "--output-dir", str(out), "--server", server],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
-    return out, done
+    return out, done, server
 
 
 def trial_processes(out: Path) -> dict[str, int]:
@@ -53,15 +57,22 @@ def trial_processes(out: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_searched_front_end_count_reaches_the_servers_and_the_exported_config(tuned) -> None:
-    out, done = tuned
+    out, done, server = tuned
     assert done.returncode == 0, done.stderr[-3000:]
     counts = trial_processes(out)
     assert counts["trial-0000"] == 1  # the baseline: the server's default
     assert set(counts.values()) == {1, 2}, counts
-    # Every trial server started with the count its config.yaml says.
+    # Every trial server started with the count its config.yaml says; `vllm serve` as its flag
+    # (left out at one, vLLM's own default), since the file it reads has engine arguments only.
     for name, count in counts.items():
         log = (out / "trials" / name / "server.log").read_text()
         assert f"fake server: {count} front-end processes" in log
+        command = log.splitlines()[0]
+        if server == "vllm":
+            assert "vllm-serve.yaml" in command
+            assert ("--api-server-count 2" in command) == (count == 2), command
+            outcome = json.loads((out / "trials" / name / "outcome.json").read_text())
+            assert outcome["server"] == f"vllm serve{' --api-server-count 2' if count == 2 else ''} (stock vLLM)"
     # Two front ends meet the SLOs here and one does not: the exported config keeps two, where both
     # our server and `vllm serve` read it (our section; no engine argument of that name).
     best_path = out / "best.yaml"
@@ -69,6 +80,8 @@ def test_the_searched_front_end_count_reaches_the_servers_and_the_exported_confi
     assert best["additional-config"]["vllm_autotune"]["serving"]["api_processes"] == 2
     assert not {"api_processes", "api-processes"} & set(best)
     assert ServerConfig.load(best_path).serving.api_processes == 2
+    # The header tells a `vllm serve` user the flag the file cannot carry to it.
+    assert "vllm serve --config best.yaml --api-server-count 2" in best_path.read_text()
     report = (out / "report.md").read_text()
     assert "api_processes" in report
 
