@@ -14,6 +14,7 @@ from autotune.errors import (
     HelpFormatter,
     NothingMeasured,
 )
+from autotune.measure.server_start import private_ipc_folder
 from autotune.measure.signals import exit_code, stop_reason, stop_signals_as_interrupt
 from server.config import ConfigError
 from workloads.errors import WorkloadError
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with stop_signals_as_interrupt():
+        with stop_signals_as_interrupt(), private_ipc_folder():
             return int(args.func(args) or 0)
     except USER_ERRORS as error:
         print(f"autotune: error: {error}", file=sys.stderr)

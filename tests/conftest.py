@@ -74,7 +74,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotune.measure.forkserver import ForkServer
-from autotune.measure.server_start import SERVER_NICE, renice_autogroup
+from autotune.measure.server_start import IPC_ENV, SERVER_NICE, renice_autogroup
 from autotune.measure_flags import CLIENT_LAG_ENV, FORK_SERVER_SOCKET_ENV
 from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
@@ -333,6 +333,8 @@ def pytest_configure(config: pytest.Config) -> None:
             CACHE_DIR_ENV: facts,
             LANE_FILE_ENV: os.path.join(facts, "engine-lane.txt"),
             CLIENT_LAG_ENV: "60000",  # a limit no stall of a busy test machine reaches (see above)
+            # The in-process engines' IPC sockets, gone with the folder (as the CLI's: server_start).
+            IPC_ENV: facts,
         }
         if config.getoption("shared_fork_server"):
             suite_env[FORK_SERVER_SOCKET_ENV] = os.path.join(facts, "forkserver.sock")

@@ -32,7 +32,8 @@ from autotune.measure.server_start import yield_cpu_to_clients
 # when it starts; the tuner reads the others), pytest's (the test running, the xdist worker), and
 # the terminal's size (read when printing; xdist workers set it).
 IMPORT_FREE_PREFIXES = ("AUTOTUNE_", "PYTEST_")
-IMPORT_FREE_NAMES = frozenset({"COLUMNS", "LINES"})
+# VLLM_RPC_BASE_PATH: vLLM reads it when an engine connects, never on import (autotune.measure.server_start.private_ipc_folder).
+IMPORT_FREE_NAMES = frozenset({"COLUMNS", "LINES", "VLLM_RPC_BASE_PATH"})
 SEND_TIMEOUT_S = 10.0  # a socket client that reads none of its answers for this long is dropped
 
 

@@ -1,19 +1,23 @@
 """What starting a server takes besides the launcher: a free port, a CPU priority below the
-load client's, the tail of its log, and why it exited."""
+load client's, a folder for its IPC sockets, the tail of its log, and why it exited."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config"]
+IPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its ZMQ IPC sockets (default: the temp folder)
 
 # What vLLM, torch and the OS write when memory (GPU, CPU or KV cache) runs out.
 _OOM_PATTERNS = re.compile(
@@ -136,3 +140,24 @@ def renice_autogroup(pid: int, nice: int) -> None:
     """The nice value of `pid`'s autogroup (its session's share against other sessions)."""
     Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
+
+
+@contextlib.contextmanager
+def private_ipc_folder() -> Iterator[Path | None]:
+    """vLLM's IPC sockets, for every server this process starts, in a folder of its own that
+    goes when the block ends. vLLM names one socket file per engine connection in
+    `VLLM_RPC_BASE_PATH` (default /tmp) and a stopped server leaves them there: a long study
+    would leave thousands in /tmp. The servers and the fork server inherit the variable (so
+    one value for the whole run: the fork server only forks servers of its own environment).
+    A value the user set is kept (None is yielded)."""
+    if os.environ.get(IPC_ENV):
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="autotune-ipc-")
+    os.environ[IPC_ENV] = folder
+    try:
+        yield Path(folder)
+    finally:
+        if os.environ.get(IPC_ENV) == folder:
+            del os.environ[IPC_ENV]
+        shutil.rmtree(folder, ignore_errors=True)

@@ -21,6 +21,8 @@ Keys (all optional):
                   the pair with the highest MEMORY at or under it (a config that carries more
                   with more memory); the start log then has vLLM 0.32 CPU's KV cache lines,
                   scaled to the memory
+  ipc_socket true: binds a unix socket in VLLM_RPC_BASE_PATH (else the temp folder), as vLLM
+                  does, and logs its path
   front_end_slots [[PROCESSES, SLOTS], ...]: `slots` from the front-end count (`--api-server-count`,
                   as `vllm serve` takes it, else the config's serving.api_processes),
                   likewise (a server whose front ends limit what it carries)
@@ -86,6 +88,16 @@ def main() -> int:
               "0.68 GiB memory was consumed by non-kv usages.", flush=True)
         print(f"(EngineCore pid=4935) INFO 11-24 07:43:17 [kv_cache_utils.py:2327] CPU KV cache size: "
               f"{tokens:,} tokens, Maximum concurrency for 2,048 tokens per request: 59.06x", flush=True)
+    if behaviour.get("ipc_socket"):
+        # As vLLM binds its engine connections (and, killed, leaves the file behind).
+        import socket
+        import tempfile
+        import uuid
+
+        ipc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = os.path.join(os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir(), str(uuid.uuid4()))
+        ipc.bind(path)
+        print(f"fake server: ipc socket {path}", flush=True)
     if behaviour.get("front_end_slots"):
         processes = args.api_server_count or config_api_processes(args.config)
         slots = slots_at(behaviour["front_end_slots"], processes)

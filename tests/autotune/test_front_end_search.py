@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from autotune.cli import main
+from autotune.measure.server_start import IPC_ENV
 from server.config import ServerConfig
 
 HERE = Path(__file__).resolve().parent
@@ -38,9 +39,11 @@ def tuned(request: pytest.FixtureRequest,
     server = request.param
     tmp_path = tmp_path_factory.mktemp(f"front-ends-{server}")
     behaviour, space, out = tmp_path / "behaviour.json", tmp_path / "space.yaml", tmp_path / "out"
-    behaviour.write_text(json.dumps({"front_end_slots": [[1, 1], [2, 8]], "token_delay_s": 0.005}))
+    behaviour.write_text(json.dumps({"front_end_slots": [[1, 1], [2, 8]], "token_delay_s": 0.005,
+                                     "ipc_socket": True}))
     space.write_text(SPACE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop(IPC_ENV, None)  # as a user's shell has it: the tuner picks the folder
     done = subprocess.run([sys.executable, str(TUNER), str(behaviour), "run", *ARGS, "--space", str(space),
                            "--output-dir", str(out), "--server", server],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
@@ -80,6 +83,13 @@ def test_the_searched_front_end_count_reaches_the_servers_and_the_exported_confi
     assert best["additional-config"]["vllm_autotune"]["serving"]["api_processes"] == 2
     assert not {"api_processes", "api-processes"} & set(best)
     assert ServerConfig.load(best_path).serving.api_processes == 2
+    # Every server's IPC sockets went to a folder of the run's own, removed at its end.
+    sockets = [line.split("ipc socket ", 1)[1] for name in counts
+               for line in (out / "trials" / name / "server.log").read_text().splitlines() if "ipc socket " in line]
+    assert len(sockets) == len(counts)
+    folders = {Path(path).parent for path in sockets}
+    assert len(folders) == 1 and next(iter(folders)).name.startswith("autotune-ipc-"), folders
+    assert not next(iter(folders)).exists()
     # The header tells a `vllm serve` user the flag the file cannot carry to it.
     assert "vllm serve --config best.yaml --api-server-count 2" in best_path.read_text()
     report = (out / "report.md").read_text()

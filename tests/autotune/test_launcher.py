@@ -18,7 +18,14 @@ import pytest
 import autotune.measure.launcher as launcher_module
 from autotune.measure.launcher import ServerLauncher, ServerStartFailed
 from autotune.measure.server_registry import StaleServerRegistry, reap_stale_servers
-from autotune.measure.server_start import SERVER_NICE, classify_exit, free_port, headline
+from autotune.measure.server_start import (
+    IPC_ENV,
+    SERVER_NICE,
+    classify_exit,
+    free_port,
+    headline,
+    private_ipc_folder,
+)
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 
@@ -374,3 +381,16 @@ def test_reap_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_ipc_sockets_go_to_a_folder_of_the_run_and_go_with_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(IPC_ENV, raising=False)
+    with private_ipc_folder() as folder:
+        assert folder is not None and folder.is_dir() and os.environ[IPC_ENV] == str(folder)
+        (folder / "left-by-a-killed-engine").write_text("")
+    assert not folder.exists() and IPC_ENV not in os.environ
+    # A folder the user chose is theirs: used as it is, and kept.
+    monkeypatch.setenv(IPC_ENV, str(tmp_path))
+    with private_ipc_folder() as folder:
+        assert folder is None and os.environ[IPC_ENV] == str(tmp_path)
+    assert tmp_path.is_dir() and os.environ[IPC_ENV] == str(tmp_path)
