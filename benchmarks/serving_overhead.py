@@ -10,6 +10,8 @@ Columns:
   our_server   `python -m server --config C --benchmark-mode`, POST /v1/completions (SSE)
   our_server_equal  the same server with its session at the client's priority (not in the
                default columns: shows why the HTTP servers yield the CPU to the client)
+  our_server_all_threads  the same server with as many engine threads as CPUs (OMP_NUM_THREADS),
+               as before it left one CPU to its front end (server.engine.leave_a_cpu_to_the_front_end)
   vllm_serve   vLLM's OpenAI server on the same YAML (`benchmarks/vllm_cli.py serve`, which
                runs what `vllm serve` runs; see that file for why not the `vllm` script)
 Any column may change engine arguments for its launches only: `our_server+stream_interval=4`,
@@ -63,10 +65,11 @@ from autotune.measure.server_start import free_port, yield_cpu_to_clients
 from server.config import ServerConfig, ServingSettings
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")
-KINDS = ("in_process", "our_server", "our_server_equal", "vllm_serve")
+KINDS = ("in_process", "our_server", "our_server_equal", "our_server_all_threads", "vllm_serve")
 # (numerator, denominator) column pairs whose ratios are reported when both columns run.
 PAIRS = (("our_server", "in_process"), ("our_server", "vllm_serve"), ("vllm_serve", "in_process"),
-         ("our_server", "our_server_equal"))
+         ("our_server", "our_server_equal"), ("our_server", "our_server_all_threads"),
+         ("our_server_all_threads", "in_process"))
 GOAL_IN_PROCESS = 0.97
 GOAL_VLLM_SERVE = 1.0
 WARMUP_REQUESTS = 16
@@ -298,13 +301,14 @@ async def over_http(url: str, prompts: list[list[int]], args: argparse.Namespace
 
 
 def run_server(command: list[str], url: str, log_path: Path, timeout_s: float = 300, *,
-               yield_cpu: bool = True):
+               yield_cpu: bool = True, env: dict[str, str] | None = None):
     """Starts `command` in its own process group and waits for GET /health == 200."""
     import httpx
 
     log = open(log_path, "ab")  # noqa: SIM115 (closed with the process in stop_server)
     started = time.monotonic()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               env=env)
     # As autotune's launcher does: the server's own session (its autogroup) below the client's.
     # At equal priority the two sessions' CPU shares made whole repeats stall (TTFT ~450 ms, every
     # token in one read) for our server and vllm serve alike; in one session they did not.
@@ -336,9 +340,9 @@ def stop_server(process: subprocess.Popen, log) -> None:
 
 
 def http_column(command: list[str], port: int, log_path: Path, prompts, args, *,
-                yield_cpu: bool = True) -> dict:
+                yield_cpu: bool = True, env: dict[str, str] | None = None) -> dict:
     url = f"http://127.0.0.1:{port}"
-    process, log, ready_s = run_server(command, url, log_path, yield_cpu=yield_cpu)
+    process, log, ready_s = run_server(command, url, log_path, yield_cpu=yield_cpu, env=env)
     try:
         return {"ready_s": ready_s, "repeats": asyncio.run(over_http(url, prompts, args, process.pid))}
     finally:
@@ -363,9 +367,13 @@ def run_column(column: Column, work: Path, config: ServerConfig, prompts, args) 
                 stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT,
             )
         return json.loads(out.read_text())
-    if column.kind in ("our_server", "our_server_equal"):
+    if column.kind in ("our_server", "our_server_equal", "our_server_all_threads"):
         command = [sys.executable, "-m", "server", "--config", str(config_path), "--benchmark-mode"]
-        return http_column(command, port, log_path, prompts, args, yield_cpu=column.kind == "our_server")
+        env = None
+        if column.kind == "our_server_all_threads":
+            env = {**os.environ, "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+        return http_column(command, port, log_path, prompts, args,
+                           yield_cpu=column.kind != "our_server_equal", env=env)
     command = [sys.executable, str(ROOT / "benchmarks" / "vllm_cli.py"), "serve", "--config", str(config_path)]
     return http_column(command, port, log_path, prompts, args)
 
