@@ -103,9 +103,9 @@ def leave_a_cpu_to_the_front_end() -> int | None:
     the same CPUs are not taken from the engine's threads at every parallel region. vLLM's own CPU
     backend reserves a core per rank for its scheduler the same way (vllm/utils/
     ompmultiprocessing.py); it does not apply with the worker inside the engine core
-    (keep_cpu_worker_in_engine_core). On the 2-core VM our server served 87.5 req/s with one
-    thread against 68.5 with two: the second thread spun, 24.7 against 11.7 ms of engine CPU a
-    request (benchmarks/serving_overhead.py, column our_server_all_threads). Sets
+    (keep_cpu_worker_in_engine_core). On the 2-core VM our server served 88.5 req/s with one
+    thread against 70.7 with two: the second thread spun, 23.8 against 11.2 ms of engine CPU a
+    request (results/benchmarks/serving_overhead_threads.md). Sets
     OMP_NUM_THREADS too, for an engine core that is spawned rather than forked. OMP_NUM_THREADS,
     where the caller set it, wins. Returns the thread count set (None: left as it was)."""
     from vllm.platforms import current_platform
@@ -114,7 +114,8 @@ def leave_a_cpu_to_the_front_end() -> int | None:
         return None
     import torch  # imported with vLLM
 
-    threads = max(1, len(os.sched_getaffinity(0)) - 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cpus - 1)
     torch.set_num_threads(threads)
     os.environ[OMP_THREADS_ENV] = str(threads)
     logger.info("CPU platform: %d engine thread(s), one CPU left to the front end", threads)

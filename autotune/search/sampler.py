@@ -4,10 +4,12 @@ In a small discrete space (powers of two of two knobs) TPE often proposes the co
 already believes best, and a launch (40-80 s on a GPU) then measures it a second time as if
 it were new: in the replay of the recorded grids, 5 of 18 launches (2-7) went to configs
 measured before. Like Ray Tune's `skip_duplicate` for Bayesian optimisation, the proposal is
-drawn again instead, a few times; each draw advances TPE's random state, so it moves to the
-next most promising config. Only when every draw lands on a measured config (a space TPE has
-exhausted, as it sees it) is the proposal kept: measuring the favourite again is then the most
-useful launch left. Repeats the search asks for on purpose (the gate's) do not pass here.
+drawn again instead, a few times (each draw advances TPE's random state). TPE's favourite
+often stays the favourite, so then the config nearest to it that is not measured yet is taken
+(one step in one knob, then two, ...): a local step around what TPE believes best. Only a space
+with nothing left near the proposal measures it again. In the replay this took the launches
+on measured configs to 0 (results/benchmarks/search_fresh_configs.md). Repeats the search asks
+for on purpose (the gate's, queued moves) do not pass here.
 """
 
 from __future__ import annotations
