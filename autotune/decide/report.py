@@ -20,6 +20,7 @@ from autotune.progress import format_duration
 from autotune.search.gate import BASELINE, Measurement, candidate_stats
 from autotune.search.objective import Objective
 from autotune.search.trial_records import is_baseline, lost_worker, trial_label
+from server.config import SEARCHABLE_SERVING_SETTINGS
 from workloads.files import write_text_atomic
 from workloads.slo import SLO
 
@@ -154,13 +155,20 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
             f"Why: {decision.reason}.",
         ]
     overrides = provenance["decision"]["overrides"]
-    if overrides:
-        lines += ["", "Changed engine arguments: " + ", ".join(f"`{k}={v}`" for k, v in overrides.items())]
+    for what, changed in (
+        ("engine arguments", {k: v for k, v in overrides.items() if k not in SEARCHABLE_SERVING_SETTINGS}),
+        ("serving settings", {k: v for k, v in overrides.items() if k in SEARCHABLE_SERVING_SETTINGS}),
+    ):
+        if changed:
+            lines += ["", f"Changed {what}: " + ", ".join(f"`{k}={v}`" for k, v in changed.items())]
     if verdict != "nothing":
+        # `vllm serve` takes the front-end count as a flag, not from the file.
+        front_ends = int(overrides.get("api_processes") or 1)
+        count = f" --api-server-count {front_ends}" if front_ends > 1 else ""
         lines += [
             "",
             f"Deploy: `python -m server --config {inputs.best_yaml.name}` or "
-            f"`vllm serve --config {inputs.best_yaml.name}`.",
+            f"`vllm serve --config {inputs.best_yaml.name}{count}`.",
         ]
     lines += [
         "",

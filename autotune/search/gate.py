@@ -204,12 +204,15 @@ def decide(
             **figures,
         )
     gain = f"{effect:+.1%}" if effect is not None else "a gain over a baseline that served nothing"
+    # One run each: the interval is one difference and the spread 0, so no noise was measured.
+    single = (" (one run each: no run-to-run noise measured; --repeats 3 would measure it)"
+              if min(len(best.values), len(base.values)) < 2 else "")
     return GateDecision(
         winner=best.candidate,
         keep_baseline=False,
         reason=(
             f"{best.candidate} beats the baseline by {gain} ({pct} CI of the difference "
-            f"[{ci_low:.3g}, {ci_high:.3g}]) and met every SLO in every repeat"
+            f"[{ci_low:.3g}, {ci_high:.3g}]) and met every SLO in every repeat{single}"
         ),
         best_candidate=best.candidate,
         baseline_median=base.median,

@@ -93,7 +93,8 @@ def test_the_searched_front_end_count_reaches_the_servers_and_the_exported_confi
     # The header tells a `vllm serve` user the flag the file cannot carry to it.
     assert "vllm serve --config best.yaml --api-server-count 2" in best_path.read_text()
     report = (out / "report.md").read_text()
-    assert "api_processes" in report
+    assert "Changed serving settings: `api_processes=2`" in report
+    assert "`vllm serve --config best.yaml --api-server-count 2`" in report
 
 
 def refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, space: str, *args: str) -> str:

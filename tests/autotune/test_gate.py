@@ -48,6 +48,15 @@ def test_a_candidate_clearly_worse_is_called_worse_not_within_the_noise() -> Non
     assert "is below 0" in decision.reason and "includes 0" not in decision.reason
 
 
+def test_a_win_on_one_run_each_says_no_noise_was_measured() -> None:
+    # --repeats 1 (an H200 run of 2026-11-28): the interval is one difference, the spread 0.
+    decision = decide(series(BASELINE, [137.0]) + series("trial-0002", [537.0]))
+    assert not decision.keep_baseline and decision.winner == "trial-0002"
+    assert decision.reason.endswith("(one run each: no run-to-run noise measured; --repeats 3 would measure it)")
+    three = decide(series(BASELINE, [137.0, 140.0, 135.0]) + series("trial-0002", [537.0, 530.0, 541.0]))
+    assert not three.keep_baseline and "one run each" not in three.reason
+
+
 def test_consistent_but_smaller_than_spread_gain_keeps_the_baseline() -> None:
     # Every candidate run beats every baseline run (CI above 0) but by less than the
     # baseline's own run-to-run spread: not a gain anyone can rely on.
