@@ -186,9 +186,11 @@ def finish(
     if memory is not None:
         provenance["memory"] = memory
     best_path = plan.output_dir / "best.yaml"
+    front_ends = 1
     if verdict != "nothing":
         deployed = plan.trial_server.served(final_config(plan.baseline, overrides))
         export_best(best_path, deployed, provenance)
+        front_ends = deployed.serving.api_processes
     report = write_report(
         plan.output_dir,
         ReportInputs(
@@ -200,6 +202,7 @@ def finish(
             run_dirs=result.run_dirs,
             provenance=provenance,
             best_yaml=best_path,
+            front_ends=front_ends,
             search_wall_s=tuning.search_wall_s,
             gate_wall_s=result.wall_s,
             gate_server_s=result.server_s,

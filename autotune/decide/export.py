@@ -159,11 +159,16 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml", front_
             *trial_server_lines(provenance),
             f"workload {workload.get('source')} (fingerprint {workload.get('fingerprint')})",
             *preflight_lines(workload),
-            f"use: python -m server --config {path_hint}   or   vllm serve --config {path_hint}"
-            + (f" --api-server-count {front_ends}" if front_ends > 1 else ""),
+            f"use: python -m server --config {path_hint}   or   {vllm_serve_command(path_hint, front_ends)}",
             "full provenance: additional-config.vllm_autotune.provenance below",
         ]
     )
+
+
+def vllm_serve_command(path_hint: str, front_ends: int) -> str:
+    """How `vllm serve` runs an exported config: the front-end count is a flag there, not read
+    from the file (our section of it)."""
+    return f"vllm serve --config {path_hint}" + (f" --api-server-count {front_ends}" if front_ends > 1 else "")
 
 
 def trial_server_lines(provenance: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.decide.export import preflight_lines, trial_server_lines
+from autotune.decide.export import preflight_lines, trial_server_lines, vllm_serve_command
 from autotune.decide.report_plots import ReportInputs, write_plots
 from autotune.measure.kv_cache import KVCacheSize, kv_cache_note
 from autotune.progress import format_duration
@@ -162,13 +162,10 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         if changed:
             lines += ["", f"Changed {what}: " + ", ".join(f"`{k}={v}`" for k, v in changed.items())]
     if verdict != "nothing":
-        # `vllm serve` takes the front-end count as a flag, not from the file.
-        front_ends = int(overrides.get("api_processes") or 1)
-        count = f" --api-server-count {front_ends}" if front_ends > 1 else ""
         lines += [
             "",
             f"Deploy: `python -m server --config {inputs.best_yaml.name}` or "
-            f"`vllm serve --config {inputs.best_yaml.name}{count}`.",
+            f"`{vllm_serve_command(inputs.best_yaml.name, inputs.front_ends)}`.",
         ]
     lines += [
         "",

@@ -40,6 +40,7 @@ class ReportInputs(BaseModel):
     run_dirs: dict[str, list[Path]]
     provenance: dict[str, Any]
     best_yaml: Path
+    front_ends: int = 1  # best.yaml's serving.api_processes (`vllm serve` takes it as a flag)
     search_wall_s: float
     gate_wall_s: float
     gate_server_s: float

@@ -58,8 +58,6 @@ class FreshConfigSampler(BaseSampler):
         def draw() -> dict[str, Any]:
             return self.inner.sample_relative(study, trial, search_space)
 
-        if trial.system_attrs.get("fixed_params"):
-            return draw()  # a queued config: its values are given, not sampled
         return self._fresh(study, trial, draw, lambda params: params,
                            lambda params, is_new, rng: nearest_new(params, search_space, is_new, rng))
 
@@ -76,8 +74,6 @@ class FreshConfigSampler(BaseSampler):
             found = nearest_new(with_value(value), {param_name: param_distribution}, is_new, rng)
             return None if found is None else found[param_name]
 
-        if trial.system_attrs.get("fixed_params"):
-            return draw()
         return self._fresh(study, trial, draw, with_value, nearest)
 
     def _fresh(
@@ -89,9 +85,10 @@ class FreshConfigSampler(BaseSampler):
         nearest: Callable[[Any, Callable[[dict[str, Any]], bool], np.random.Generator], Any],
     ) -> Any:
         """A draw that does not complete a measured config: up to MAX_DRAWS of them, then the
-        nearest config not measured to the last; the last draw itself when none is left."""
+        nearest config not measured to the last; the last draw itself when none is left. A
+        queued config's values are given, not sampled: its draw is kept as it is."""
         sample = draw()
-        if self.engine_values(as_config(sample)) is None:
+        if trial.system_attrs.get("fixed_params") or self.engine_values(as_config(sample)) is None:
             return sample
         measured = measured_configs(study, exclude=trial.number)
 

@@ -260,40 +260,29 @@ class SearchSpace:
         for name, param in self.params.items():
             if only is not None and name not in only:
                 continue
+            key = _optuna_name(name, param)
             if param.type == "categorical":
-                values[name] = trial.suggest_categorical(name, param.choices)  # type: ignore[arg-type]
-                continue
-            assert param.low is not None and param.high is not None
-            if param.type == "pow2":
-                exponent = trial.suggest_int(
-                    POW2_PREFIX + name, int(math.log2(param.low)), int(math.log2(param.high))
-                )
-                values[name] = 2**exponent
+                raw = trial.suggest_categorical(key, param.choices)  # type: ignore[arg-type]
+            elif param.type == "pow2":
+                assert param.low is not None and param.high is not None
+                raw = trial.suggest_int(key, int(math.log2(param.low)), int(math.log2(param.high)))
             elif param.type == "int":
+                assert param.low is not None and param.high is not None
                 step = int(param.step) if param.step else 1
-                values[name] = trial.suggest_int(
-                    name, int(param.low), int(param.high), step=step, log=param.log
-                )
+                raw = trial.suggest_int(key, int(param.low), int(param.high), step=step, log=param.log)
             else:
-                value = trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
-                values[name] = _on_step(value, param)
+                assert param.low is not None and param.high is not None
+                raw = trial.suggest_float(key, param.low, param.high, step=param.step, log=param.log)
+            values[name] = _engine_value(param, raw)
         return values
 
     def engine_values(self, optuna_params: Mapping[str, Any]) -> dict[str, Any] | None:
         """The engine values of a config given as Optuna parameters (`suggest`'s names and
         representation); None when a parameter of the space is missing from them."""
-        values: dict[str, Any] = {}
-        for name, param in self.params.items():
-            key = POW2_PREFIX + name if param.type == "pow2" else name
-            if key not in optuna_params:
-                return None
-            value = optuna_params[key]
-            if param.type == "pow2":
-                value = 2 ** int(value)
-            elif param.type == "float":
-                value = _on_step(float(value), param)
-            values[name] = value
-        return values
+        keys = {name: _optuna_name(name, param) for name, param in self.params.items()}
+        if any(key not in optuna_params for key in keys.values()):
+            return None
+        return {name: _engine_value(param, optuna_params[keys[name]]) for name, param in self.params.items()}
 
     def fixed_params(self, engine_values: Mapping[str, Any]) -> dict[str, Any]:
         """Optuna parameter values for the engine values the space can represent (used to
@@ -303,10 +292,7 @@ class SearchSpace:
             value = engine_values.get(name)
             if value is None or not param.contains(value):
                 continue
-            if param.type == "pow2":
-                fixed[POW2_PREFIX + name] = int(math.log2(int(value)))
-            else:
-                fixed[name] = value
+            fixed[_optuna_name(name, param)] = int(math.log2(int(value))) if param.type == "pow2" else value
         return fixed
 
     def broken_relations(self, values: Mapping[str, Any]) -> list[str]:
@@ -322,6 +308,21 @@ class SearchSpace:
             "params": {name: param.model_dump(exclude_none=True) for name, param in self.params.items()},
             "relations": [relation.text for relation in self.relations],
         }
+
+
+def _optuna_name(name: str, param: ParamSpec) -> str:
+    """The Optuna parameter that holds `name`: a power of two's exponent has its own name."""
+    return POW2_PREFIX + name if param.type == "pow2" else name
+
+
+def _engine_value(param: ParamSpec, raw: Any) -> Any:
+    """The engine value of an Optuna parameter's value: 2**exponent for a power of two, a
+    stepped float without its float noise, anything else as it is."""
+    if param.type == "pow2":
+        return 2 ** int(raw)
+    if param.type == "float":
+        return _on_step(float(raw), param)
+    return raw
 
 
 def _on_step(value: float, param: ParamSpec) -> float:
