@@ -33,6 +33,11 @@ as the search grids' points ran from the baseline's capacity), so that the sprea
 config's capacity within one launch can be set against the spread between launches (issue 18:
 is a launch's capacity noisy because of the launch, or because of the ladder's measurement?).
 Every ladder is a row; `ladder-K.json` in the launch's folder keeps its steps.
+
+`--settle off|alternate` (default on): whether the ladder waits between steps for a lone
+request to be answered at idle speed (`LadderSettings.settle_probe`, autotune.measure.settle),
+or only for the running/waiting gauges; `alternate` with `--ladders K` runs the launch's
+ladders off, on, off, on...: the wait's effect on the capacity, side by side on one server.
 Results: results/benchmarks/{name}.{json,md}; every launch's folder (server log, ladder
 steps, per-request records) under results/benchmarks/{name}-runs/.
 """
@@ -130,23 +135,30 @@ class RepeatedLadders(TrialRunner):
     """A TrialRunner whose launch runs the ladder `ladders` times back to back; each ladder's
     result is kept in `capacities` and written to the trial folder as `ladder-K.json`."""
 
-    def __init__(self, ladders: int, **kwargs: Any) -> None:
+    def __init__(self, ladders: int, settle: str = "on", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ladders = ladders
+        self.settle = settle
         self.capacities: list[CapacityResult] = []
+        self.settled: list[bool] = []  # per ladder: did it wait for an idle probe
 
     async def _measure_ladder(self, trial: Any, window: Any, start_speedup: float | None) -> None:
-        base = self.replay
+        base, base_ladder = self.replay, self.ladder
+        assert base_ladder is not None
         try:
             for index in range(self.ladders):
                 # Prompt seeds far from the previous ladder's: nothing it left cached can hit.
                 self.replay = dataclasses.replace(base, prompts=PromptFactory(seed=1000 * index))
+                settle = self.settle == "on" or (self.settle == "alternate" and index % 2 == 1)
+                self.ladder = base_ladder.model_copy(update={"settle_probe": settle})
                 await super()._measure_ladder(trial, window, start_speedup)
                 self.capacities.append(trial.capacity)
+                self.settled.append(settle)
                 write_text_atomic(trial.dir / f"ladder-{index + 1}.json", trial.capacity.model_dump_json(indent=1))
-                say(f"    ladder {index + 1} of {self.ladders}: {trial.capacity.describe()}")
+                say(f"    ladder {index + 1} of {self.ladders} (idle probe {'on' if settle else 'off'}): "
+                    f"{trial.capacity.describe()}")
         finally:
-            self.replay = base
+            self.replay, self.ladder = base, base_ladder
 
 
 def relative_range(values: list[float]) -> float | None:
@@ -171,6 +183,44 @@ def within_and_between(rows: list[dict[str, Any]]) -> list[str]:
                      + f"; between the launches' medians ({', '.join(fmt(m) for m in medians)}): {fmt(relative_range(medians))}; "
                      f"all {sum(len(v) for v in launches.values())} ladders: {fmt(relative_range([x for v in launches.values() for x in v]))}")
     return ["", "## Within and between launches", ""] + lines if lines else []
+
+
+def settle_fields(capacity: CapacityResult | None) -> dict[str, Any]:
+    """How the waits between a ladder's steps went: after how many steps the server was not
+    idle yet once its gauges were (a first probe slower than idle allows), the slowest probe,
+    and the seconds waited in all."""
+    if capacity is None:
+        return {"busy_after_steps": None, "slowest_probe_ms": None, "settle_s": None}
+    steps = [*capacity.steps, *capacity.unscored]
+    idle = capacity.idle_probe_ms
+    limit = None if idle is None else max(2 * idle, idle + LadderSettings().settle_slack_ms)
+    probes = [p for s in steps for p in s.settle_probes_ms if p is not None]
+    return {
+        "idle_probe_ms": idle,
+        "busy_after_steps": None if limit is None else sum(
+            1 for s in steps if s.settle_probes_ms and (s.settle_probes_ms[0] is None or s.settle_probes_ms[0] > limit)),
+        "slowest_probe_ms": max(probes, default=None),
+        "settle_s": round(sum(s.drain_s for s in steps), 1),
+    }
+
+
+def settle_comparison(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """Per column with ladders of both kinds: median capacity waiting on the gauges alone
+    against waiting for an idle probe too, and the ratio, launch by launch."""
+    compared: dict[str, Any] = {}
+    for column in sorted({r["column"] for r in rows}):
+        mine = [r for r in rows if r["column"] == column and r["capacity_rps"] is not None]
+        off = [r["capacity_rps"] for r in mine if r.get("settle") is False]
+        on = [r["capacity_rps"] for r in mine if r.get("settle") is True]
+        if off and on:
+            compared[column] = {"gauges_only": off, "idle_probe": on,
+                                "ratio_of_medians": spread(on)["median"] / spread(off)["median"]}
+    if not compared:
+        return compared, []
+    return compared, ["", "## Waiting for an idle probe between steps against the gauges alone", ""] + md_table(
+        ["column", "capacity, gauges alone", "capacity, idle probe too", "ratio of medians"],
+        [[column, ", ".join(fmt(x) for x in c["gauges_only"]), ", ".join(fmt(x) for x in c["idle_probe"]),
+          fmt(c["ratio_of_medians"])] for column, c in compared.items()])
 
 
 def lag_p99(capacity: CapacityResult) -> float | None:
@@ -306,6 +356,8 @@ def main() -> int:
     parser.add_argument("--name", default="frontend_capacity")
     parser.add_argument("--ladders", type=int, default=1,
                         help="ladders per launch of an HTTP column, back to back (see the docstring)")
+    parser.add_argument("--settle", choices=("on", "off", "alternate"), default="on",
+                        help="wait for an idle probe between ladder steps (alternate: per ladder of a launch)")
     parser.add_argument("--client-cpus", default="auto",
                         help="as autotune run's --client-cpus: the replayer's CPUs, the server the rest")
     args = parser.parse_args()
@@ -319,6 +371,8 @@ def main() -> int:
     if args.min_step_s:
         overrides["min_step_s"] = args.min_step_s
     settings = LadderSettings.for_accelerator(accelerator, **overrides)
+    if args.settle == "off":
+        settings = settings.model_copy(update={"settle_probe": False})
     config = engine_config(args.trace, args.model, args.max_model_len)
     cpu_split = CpuSplit.resolve(args.client_cpus, accelerator=accelerator)
 
@@ -350,7 +404,7 @@ def main() -> int:
                     failure = None
                 else:
                     server = TrialServer(kind="vllm" if kind == "vllm" else "autotune", api_server_count=count)
-                    runner = RepeatedLadders(args.ladders, replay=ReplayOptions(slos=slos), ladder=ladder,
+                    runner = RepeatedLadders(args.ladders, args.settle, replay=ReplayOptions(slos=slos), ladder=ladder,
                                              server=server, startup_timeout_s=900,
                                              stale_registry=Path(scratch) / "servers.json", say=say,
                                              cpu_split=cpu_split)
@@ -359,10 +413,11 @@ def main() -> int:
                     if args.ladders > 1:  # one row per ladder of this launch (the last is `capacity`)
                         for index, each in enumerate(runner.capacities[:-1]):
                             rows.append({"round": round_index + 1, "column": label, "ladder": index + 1,
+                                         "settle": runner.settled[index],
                                          "capacity_rps": each.capacity_rps, "bracketed": each.bracketed,
                                          "steps": len(each.steps), "lag_p99_ms": lag_p99(each),
                                          "ready_s": None, "ladder_s": None, "wall_s": None, "failure": None,
-                                         "describe": each.describe()})
+                                         "describe": each.describe(), **settle_fields(each)})
                     failure = outcome.failure
                     if capacity:
                         steps_by_launch[f"r{round_index + 1} {label}"] = capacity.steps
@@ -372,12 +427,14 @@ def main() -> int:
                 row = {
                     "round": round_index + 1, "column": label,
                     "ladder": len(runner.capacities) if kind != "in_process" and args.ladders > 1 else None,
+                    "settle": runner.settled[-1] if kind != "in_process" and runner.settled else settings.settle_probe,
                     "capacity_rps": capacity.capacity_rps if capacity else None,
                     "bracketed": capacity.bracketed if capacity else None,
                     "steps": len(capacity.steps) if capacity else 0,
                     "lag_p99_ms": lag_p99(capacity) if capacity else None,
                     "ready_s": ready_s, "ladder_s": ladder_s, "wall_s": round(wall, 1),
                     "failure": failure, "describe": capacity.describe() if capacity else failure,
+                    **settle_fields(capacity),
                 }
                 rows.append(row)
                 say(f"  {label}: {row['describe']} (worst step send-lag p99 {fmt(row['lag_p99_ms'])} ms)")
@@ -386,17 +443,20 @@ def main() -> int:
 
     medians, ratios, goals = issue_goals(rows)
     table = md_table(
-        ["round", "column", "ladder", "capacity req/s", "/ in_process of its round", "bracketed", "steps",
-         "worst lag p99 ms", "engine start s", "ladder s", "failure"],
-        [[r["round"], r["column"], r.get("ladder") or "", fmt(r["capacity_rps"]),
+        ["round", "column", "ladder", "idle probe", "capacity req/s", "/ in_process of its round", "bracketed",
+         "steps", "busy after steps (gauges idle)", "slowest probe ms", "waited s", "worst lag p99 ms",
+         "engine start s", "ladder s", "failure"],
+        [[r["round"], r["column"], r.get("ladder") or "", "on" if r.get("settle") else "off", fmt(r["capacity_rps"]),
           fmt(per_round(rows, r["column"], "in_process").get(r["round"])), r["bracketed"],
-          r["steps"], fmt(r["lag_p99_ms"]), fmt(r["ready_s"]), fmt(r["ladder_s"]), r["failure"] or ""]
+          r["steps"], fmt(r.get("busy_after_steps")), fmt(r.get("slowest_probe_ms")), fmt(r.get("settle_s")),
+          fmt(r["lag_p99_ms"]), fmt(r["ready_s"]), fmt(r["ladder_s"]), r["failure"] or ""]
          for r in rows],
     )
     compared, compared_lines = versus_first(rows, columns)
-    compared_lines = compared_lines + within_and_between(rows)
+    settled, settled_lines = settle_comparison(rows)
+    compared_lines = compared_lines + settled_lines + within_and_between(rows)
     results = {"rows": rows, "median_capacity_rps": medians, "ratio_to_in_process": ratios,
-               "versus_first_column": compared,
+               "versus_first_column": compared, "idle_probe_versus_gauges": settled,
                "recorded_rps": recorded_rate(window), "window_requests": len(window)}
     notes = [
         f"Engine settings (every column): {json.dumps(config.engine, sort_keys=True)}.",

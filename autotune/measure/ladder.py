@@ -20,10 +20,12 @@ ladder looks for the cliff itself:
    a first token past the TTFT threshold): no later request can save it. Pass: even if
    every unfinished request missed, the percentile would hold, so a long answer at the end
    of a step is not waited for. Both are exact, not heuristics.
-4. Between steps the server drains (running and waiting back to 0 on /metrics), and each
-   step draws fresh prompt tokens (its own seed) so that nothing an earlier step left in the
-   prefix cache can hit: steps are independent. This also works against stock `vllm serve`,
-   which has no cache-reset route unless started in dev mode.
+4. Between steps the server drains until it is as idle as before the first step: running
+   and waiting back to 0 on /metrics, and a lone short request answered about as fast as
+   then (autotune.measure.settle: the gauges miss requests still inside an API process).
+   Each step draws fresh prompt tokens (its own seed) so that nothing an earlier step left in
+   the prefix cache can hit: steps are independent. This also works against stock `vllm
+   serve`, which has no cache-reset route unless started in dev mode.
 
 A step that kills the server ends the ladder with the capacity found so far; the trial
 records the failure and keeps every step measured before it.
@@ -41,7 +43,6 @@ same settings, window and steps so far; most of it is `LoadLadder`, which runs o
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -55,14 +56,12 @@ from pydantic import BaseModel, Field
 from autotune.errors import AutotuneError
 from autotune.measure.process_cpu import CpuReading
 from autotune.measure.scraper import (
-    NUM_RUNNING,
-    NUM_WAITING,
     MetricsSampler,
     MetricsScraper,
-    MetricsSnapshot,
     ServerMetrics,
     server_metrics,
 )
+from autotune.measure.settle import ServerSettler
 from workloads.prompts import PromptFactory
 from workloads.replay import ProgressCallback, ReplayMode, ReplayOptions, replay
 from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary
@@ -100,6 +99,10 @@ class LadderSettings(BaseModel):
     # 14: doubling from x1 brackets a capacity up to the x256 cap and bisects it to 10%.
     max_steps: int = Field(14, ge=1)
     drain_timeout_s: float = Field(120.0, gt=0)
+    # Between steps, also wait for a lone short request to be answered within
+    # max(2x, + settle_slack_ms) of its time on the idle server (autotune.measure.settle).
+    settle_probe: bool = True
+    settle_slack_ms: float = Field(50.0, ge=0)
     max_error_fraction: float = Field(0.05, ge=0, lt=1)
     # One step at `start_speedup`, no search (min-memory: do the SLOs hold at H x the rate?).
     single_step: bool = False
@@ -144,7 +147,8 @@ class LadderStep(BaseModel):
     summary: ReplaySummary
     server: ServerMetrics | None = None
     seconds: float  # replay
-    drain_s: float = 0.0
+    drain_s: float = 0.0  # waiting for the server to be idle again after the step
+    settle_probes_ms: list[float | None] = []  # the lone requests' TTFTs then (None: failed)
 
 
 class CapacityResult(BaseModel):
@@ -158,6 +162,7 @@ class CapacityResult(BaseModel):
     steps: list[LadderStep]  # the scored steps: the capacity rests on these alone
     stopped_by: str | None = None  # what ended the ladder early (crash, client_lag, ...)
     unscored: list[LadderStep] = []  # steps whose client fell behind its schedule
+    idle_probe_ms: float | None = None  # a lone short request's TTFT before the first step
 
     @property
     def headroom(self) -> float:
@@ -337,12 +342,19 @@ class LoadLadder:
         self.steps: list[LadderStep] = []  # scored
         self.results: list[ReplayResult] = []  # per scored step, for the trial's records
         self.unscored: list[LadderStep] = []  # the client fell behind: not evidence either way
+        self.settler = ServerSettler(
+            url=url, replay=replay, replay_fn=replay_fn, scraper=scraper,
+            timeout_s=settings.drain_timeout_s, slack_ms=settings.settle_slack_ms,
+            check_alive=self.check_alive, probe=settings.settle_probe,
+        )
 
     async def run(self, window: Trace) -> CapacityResult:
         """Climb (or descend), then bisect. Exceptions from `check_alive` propagate after
         `self.steps` holds every finished step (the runner then builds the partial result)."""
         settings = self.settings
         speedup = min(max(settings.start_speedup, settings.min_speedup), settings.max_speedup)
+        await self.settler.calibrate()
+        self.check_alive("probing the idle server before the ladder")
         retries = 0
         for _ in range(settings.max_steps):
             step = await self.step(window, speedup)
@@ -414,6 +426,7 @@ class LoadLadder:
             steps=list(self.steps),
             stopped_by=stopped_by,
             unscored=list(self.unscored),
+            idle_probe_ms=self.settler.idle_ms,
         )
 
     # -- one step ------------------------------------------------------------------------
@@ -427,10 +440,15 @@ class LoadLadder:
 
         decision: dict[str, str] = {}
 
+        # What the early verdict rested on: once in-flight requests are cancelled, those that
+        # already missed a TTFT no longer count in the final summary.
+        missed_when_decided: dict[str, int] = {}
+
         def decided(_elapsed: float, summary: ReplaySummary) -> bool:
             verdict = self._certain(summary, limits, planned)
             if verdict is not None:
                 decision["verdict"] = verdict
+                missed_when_decided.update(summary.slo_violations)
             return verdict is not None
 
         before = await self.scraper.scrape()
@@ -450,7 +468,7 @@ class LoadLadder:
         summary = result.summary
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None
-        passed, reason = self._verdict(summary, measured, planned, early)
+        passed, reason = self._verdict(summary, measured, planned, early, missed_when_decided)
         behind = client_fell_behind(result, offered_rate(due_by_last_send(trace, result)),
                                     self.replay.send_lag_limit_ms())
         # A miss stands when the server queued requests: it was past its capacity anyway.
@@ -462,7 +480,8 @@ class LoadLadder:
             reason = (f"{reason}; the server queued requests, so the miss stands although {behind}"
                       if scored else f"not scored: {behind}")
             passed = passed and scored
-        drain_s = await self._drain(index)
+        settled = await self.settler.wait(f"draining after ladder step {index + 1}")
+        slow = [p for p in settled.probes_ms if p is None or p > (self.settler.limit_ms() or 0.0)]
         step = LadderStep(
             index=index,
             speedup=speedup,
@@ -477,7 +496,8 @@ class LoadLadder:
             summary=summary,
             server=server.model_copy(update={"timeline": []}),
             seconds=seconds,
-            drain_s=drain_s,
+            drain_s=settled.seconds,
+            settle_probes_ms=settled.probes_ms,
         )
         if scored:
             self.steps.append(step)
@@ -491,6 +511,11 @@ class LoadLadder:
             f"  step {index + 1}: x{speedup:.3g} the recorded arrivals ({planned} requests, "
             f"{step.offered_rps:.3g} req/s in this stretch), {seconds:.0f} s: {verdict} ({reason})"
         )
+        if slow:
+            self.say(
+                f"    then the server was not idle yet: a lone request took {_slowest(slow)} "
+                f"(idle {self.settler.idle_ms:.0f} ms); waited {settled.seconds:.1f} s"
+            )
         return step
 
     def _step_options(self, attempt: int) -> ReplayOptions:
@@ -526,14 +551,16 @@ class LoadLadder:
         measured: dict[str, float | None],
         planned: int,
         early: str | None,
+        missed_when_decided: dict[str, int] | None = None,
     ) -> tuple[bool, str]:
         if summary.failed > self.settings.max_error_fraction * planned:
             return False, f"{summary.failed} of {planned} requests failed"
         if early == "fail":
+            counts = missed_when_decided or summary.slo_violations
             missed = [
-                f"{spec}: {summary.slo_violations.get(spec, 0)} of {planned} over"
-                for spec in summary.slo_violations
-                if summary.slo_violations[spec] > allowed_misses(planned, _pct(spec, self.slos))
+                f"{spec}: {counts[spec]} of {planned} over"
+                for spec in counts
+                if counts[spec] > allowed_misses(planned, _pct(spec, self.slos))
             ]
             return False, "certain to miss " + ("; ".join(missed) or "an SLO")
         parts = []
@@ -552,23 +579,10 @@ class LoadLadder:
             return True, ", ".join(parts) + f" (decided with {left})"
         return ok, ", ".join(parts)
 
-    async def _drain(self, index: int) -> float:
-        """Wait until the server has nothing running or waiting (or the timeout)."""
-        started = time.monotonic()
-        deadline = started + self.settings.drain_timeout_s
-        while True:
-            snapshot: MetricsSnapshot = await self.scraper.scrape(only=(*NUM_RUNNING, *NUM_WAITING))
-            busy = (snapshot.value(NUM_RUNNING) or 0.0) + (snapshot.value(NUM_WAITING) or 0.0)
-            if busy <= 0:
-                return time.monotonic() - started
-            if time.monotonic() > deadline:
-                logger.warning(
-                    "ladder step %d: %d requests still running/waiting after %.0f s; going on",
-                    index + 1, busy, self.settings.drain_timeout_s,
-                )
-                return time.monotonic() - started
-            self.check_alive(f"draining after ladder step {index + 1}")
-            await asyncio.sleep(0.2)
+
+def _slowest(probes: Sequence[float | None]) -> str:
+    times = [p for p in probes if p is not None]
+    return f"{max(times):.0f} ms" if times else "failed"
 
 
 def _pct(spec: str, slos: Sequence[SLO]) -> float:

@@ -13,6 +13,8 @@
 # on the long-prompt traffic (RUN_DIR/traffic.jsonl made first by traffic-8b.sh):
 #   MODEL=llama3.1-8b-shape MAX_MODEL_LEN=8192 WINDOW_S=60 STEP_REQUESTS=120 LADDERS=4 ROUNDS=2
 #   START_SPEEDUP=0.917 COLUMNS=ours:1+max_num_seqs=1024+max_num_batched_tokens=1024
+# The wait between steps, gauges alone against an idle probe too, ladder by ladder in one launch:
+#   COLUMNS=vllm:1,ours:1 LADDERS=4 SETTLE=alternate START_SPEEDUP=5
 set -euo pipefail
 kit=${1:?kit dir}; run=${2:?run dir}
 model=${MODEL:-qwen2-1.5b-shape}
@@ -26,7 +28,7 @@ mkdir -p "$run"
     --columns "${COLUMNS:-in_process,ours:1,ours:4,vllm:1,vllm:4}" --window-s "${WINDOW_S:-30}"
     --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 --client-cpus "${CLIENT_CPUS:-auto}" --rounds "${ROUNDS:-1}"
     ${LADDERS:+--ladders "$LADDERS"} ${START_SPEEDUP:+--start-speedup "$START_SPEEDUP"}
-    ${STEP_REQUESTS:+--step-requests "$STEP_REQUESTS"} --name "frontends-$model${SUFFIX:-}")
+    ${STEP_REQUESTS:+--step-requests "$STEP_REQUESTS"} ${SETTLE:+--settle "$SETTLE"} --name "frontends-$model${SUFFIX:-}")
   printf '%q ' "${cmd[@]}" > "$run/command-$model.txt"; echo >> "$run/command-$model.txt"
   "${cmd[@]}"
   mkdir -p "$run/results" && cp -r results/benchmarks/frontends-"$model${SUFFIX:-}"* "$run/results/"

@@ -26,6 +26,9 @@ Keys (all optional):
   front_end_slots [[PROCESSES, SLOTS], ...]: `slots` from the front-end count (`--api-server-count`,
                   as `vllm serve` takes it, else the config's serving.api_processes),
                   likewise (a server whose front ends limit what it carries)
+  front_s         every completion first passes one lock held this long, outside the gauges:
+                  a front end's event loop that parses and tokenizes each request before the
+                  engine sees it, for clients that went away too (it cannot know before writing)
 GET /stats answers {"completions": n}: the completions received so far (for tests that act
 once the measured window is under way).
 """
@@ -103,6 +106,8 @@ def main() -> int:
         slots = slots_at(behaviour["front_end_slots"], processes)
         print(f"fake server: {processes} front-end processes, {slots} slots", flush=True)
     gate = threading.Semaphore(slots) if slots else None
+    front_s = behaviour.get("front_s")
+    front = threading.Lock()
     gauges = {"running": 0, "waiting": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -138,6 +143,9 @@ def main() -> int:
             if fail_every and n % fail_every == 0:
                 self._answer(500, b'{"error": "fake failure"}')
                 return
+            if front_s:
+                with front:
+                    time.sleep(front_s)
             self.send_response(200)
             # HTTP/1.0 (http.server's default) without a length: the body ends at close.
             self.send_header("Content-Type", "text/event-stream")

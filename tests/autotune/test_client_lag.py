@@ -87,7 +87,9 @@ class Scraper:
 
 
 def run_ladder(stand_in: StandIn, *, report_queue: bool = False, **options: object):
-    settings = LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.1, max_steps=12)
+    # The stand-ins model steps only: no idle probe between them (test_settle.py has those).
+    settings = LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.1, max_steps=12,
+                              settle_probe=False)
     ladder = LoadLadder(settings, url="http://stand-in", replay=ReplayOptions(slos=SLOS, **options),
                         scraper=Scraper(stand_in, report_queue), scrape_interval_s=0.05,
                         replay_fn=stand_in.replay_fn, say=lambda line: None)
@@ -168,7 +170,8 @@ def test_a_step_abandoned_after_a_quiet_stretch_is_a_miss_not_a_lagging_client()
         source="test window",
     )
     server = QuietStartServer()
-    settings = LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.1, max_steps=4)
+    settings = LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.1, max_steps=4,
+                              settle_probe=False)
     ladder = LoadLadder(settings, url="http://stand-in", replay=ReplayOptions(slos=SLOS),
                         scraper=Scraper(StandIn(0.0, 1e9), report_queue=False), scrape_interval_s=0.05,
                         replay_fn=server.replay_fn, say=lambda line: None)

@@ -66,8 +66,9 @@ def test_each_launch_is_compared_with_the_in_process_launch_of_its_own_round(ben
 
 @pytest.mark.slow
 def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_path) -> None:
-    """`--ladders 2`: one server start, two ladders, each kept; the report sets the spread
-    within the launch against that between launches (a fake server: no engine)."""
+    """`--ladders 2 --settle alternate`: one server start, two ladders, each kept, the first
+    waiting on the gauges alone between steps, the second for an idle probe too; the report
+    sets the spread within the launch against that between launches (a fake server: no engine)."""
     import json
     import sys
     from pathlib import Path
@@ -82,7 +83,7 @@ def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_p
     behaviour = tmp_path / "behaviour.json"
     behaviour.write_text(json.dumps({"slots": 6, "token_delay_s": 0.04}))
     runner = bench.RepeatedLadders(
-        2, server_command=[sys.executable, str(fake), "--behaviour", str(behaviour)],
+        2, "alternate", server_command=[sys.executable, str(fake), "--behaviour", str(behaviour)],
         startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
         stale_registry=tmp_path / "servers.json",
         replay=ReplayOptions(slos=[parse_slo("ttft_p95_ms=600")], max_send_lag_ms=60_000),
@@ -92,6 +93,11 @@ def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_p
     outcome = runner.run(ServerConfig(engine={"model": "fake"}), window, tmp_path / "launch")
     assert outcome.ok, outcome.failure_detail
     assert len(runner.capacities) == 2 and all(c.steps for c in runner.capacities)
+    assert runner.settled == [False, True]
+    gauges_only, probed = runner.capacities
+    assert gauges_only.idle_probe_ms is None and all(s.settle_probes_ms == [] for s in gauges_only.steps)
+    assert probed.idle_probe_ms is not None and all(s.settle_probes_ms for s in probed.steps)
+    assert runner.ladder is not None and runner.ladder.settle_probe  # the runner's own settings restored
     assert (tmp_path / "launch" / "server.log").read_text().count("fake server pid starting") == 1
     assert [json.loads((tmp_path / "launch" / f"ladder-{k}.json").read_text())["capacity_rps"]
             for k in (1, 2)] == [c.capacity_rps for c in runner.capacities]
@@ -100,6 +106,15 @@ def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_p
     [line] = [x for x in bench.within_and_between(rows) if x.startswith("- ours:1")]
     assert "launch 1: 0.182 (10, 12)" in line and "launch 2: 0 (14, 14)" in line
     assert "between the launches' medians (11, 14): 0.24" in line
+
+
+def test_ladders_with_and_without_the_idle_probe_are_set_side_by_side(bench: ModuleType) -> None:
+    rows = [{"round": 1, "column": "vllm:1", "settle": k % 2 == 1, "capacity_rps": value}
+            for k, value in enumerate((120.0, 250.0, 140.0, 260.0))]
+    compared, lines = bench.settle_comparison(rows)
+    assert compared["vllm:1"]["gauges_only"] == [120.0, 140.0]
+    assert compared["vllm:1"]["ratio_of_medians"] == pytest.approx(255 / 130)
+    assert any(line.startswith("| vllm:1 | 120, 140 | 250, 260 |") for line in lines)
 
 
 def test_ours_is_judged_against_its_twins_with_the_same_front_ends_and_engine_changes(bench: ModuleType) -> None:
