@@ -256,8 +256,8 @@ def cpu_table(rows: list[dict[str, Any]], steps: dict[str, list[Any]]) -> list[s
     """Per HTTP column and ladder step: the engine's own ITL and queue beside each process
     role's CPU use (why a front end costs the engine capacity: issue 17)."""
     lines = []
-    for row in rows:
-        label = f"r{row['round']} {row['column']}"
+    # One launch's steps once, however many ladder rows it has (its last ladder's steps).
+    for label in dict.fromkeys(f"r{row['round']} {row['column']}" for row in rows):
         for step in steps.get(label, []):
             cpu = cpu_by_role(step)
             server = step.server
