@@ -3,10 +3,11 @@
 A step that inherits the last one's queue fails at a rate the config carries. The engine's
 running / waiting gauges, which the ladder waited on alone before, do not see every queue:
 
-- requests still inside an API process, received but not yet handed to the engine. One
-  `vllm serve` process on an H200 failed its held-out steps at 235, then 193 and 136 req/s,
-  each wait ending at once on gauges at zero, where the same config carried 291 in the search
-  window (results/h200-2026-11-28-front-ends): a queue outside the gauges would do that;
+- requests still inside an API process, received but not yet handed to the engine. On an
+  H200 (results/benchmarks/frontend_capacity.md, 2026-11-28 settle section), after steps
+  at 421 req/s a lone request took 96-301 ms with the gauges at zero, against 11-15 ms idle,
+  on `vllm serve` and on our server with one front end; the queue cleared within a second.
+  A front end that falls further behind leaves more (tests/autotune/test_settle.py);
 - gauges that read busy for the whole 120 s timeout after an abandoned step, on servers with
   four front ends (results/benchmarks/frontends-h100, frontends-workers-split-cpus): vLLM
   sends its scheduler's counts with engine steps, to one front end at a time, so an engine
@@ -16,7 +17,8 @@ So the server counts as idle when its gauges read zero and a lone short request 
 is answered about as fast as on the idle server before the ladder: within
 max(IDLE_FACTOR x, + slack) of that time. A gauge that stays busy while every probe of
 STALE_PROBES in a row is answered that fast, for STALE_GAUGE_S, is taken as stale: the wait
-ends and the log says so.
+ends and the log says so. A probe costs one short request (~10-20 ms on a GPU, a few more
+on the laptop CPU engine) per step.
 """
 
 from __future__ import annotations
