@@ -159,6 +159,7 @@ def finish(
     standing = baseline_standing(result.measurements, tuning.gate.baseline_trial(study), plan.slos,
                                  plan.objective)
     validation = [m.model_dump() for m in result.measurements]
+    verdict_config = plan.trial_server.served(final_config(plan.baseline, overrides))
     provenance = build_provenance(
         decision=decision,
         winner_overrides=overrides,
@@ -176,6 +177,7 @@ def finish(
                 "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
         baseline_standing=standing,
         trial_server=plan.trial_server,
+        deployed=verdict_config,
     )
     capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
                                 baseline_trial=tuning.gate.baseline_trial(study))
@@ -188,9 +190,8 @@ def finish(
     best_path = plan.output_dir / "best.yaml"
     front_ends = 1
     if verdict != "nothing":
-        deployed = plan.trial_server.served(final_config(plan.baseline, overrides))
-        export_best(best_path, deployed, provenance)
-        front_ends = deployed.serving.api_processes
+        export_best(best_path, verdict_config, provenance)
+        front_ends = verdict_config.serving.api_processes
     report = write_report(
         plan.output_dir,
         ReportInputs(

@@ -115,7 +115,15 @@ def versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
     return found
 
 
+# Set by whoever copies the checkout to another machine without its history (the lent GPU
+# machine's copy has a stale .git): the commit the copy was made from.
+SOURCE_COMMIT_ENV = "AUTOTUNE_SOURCE_COMMIT"
+
+
 def git_commit() -> str:
+    given = os.environ.get(SOURCE_COMMIT_ENV)
+    if given:
+        return f"{given} (from {SOURCE_COMMIT_ENV})"
     git = shutil.which("git")
     if git is None:
         return "unknown"

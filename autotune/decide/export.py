@@ -100,8 +100,10 @@ def build_provenance(
     now: dt.datetime | None = None,
     baseline_standing: str | None = None,
     trial_server: TrialServer | None = None,
+    deployed: ServerConfig | None = None,
 ) -> dict[str, Any]:
-    """Everything needed to judge and reproduce the result, JSON-able."""
+    """Everything needed to judge and reproduce the result, JSON-able. `deployed`: the
+    exported config, whose front-end count `vllm serve` takes as a flag."""
     server = trial_server or TrialServer()
     return {
         "tool": "vllm-autotune",
@@ -127,7 +129,7 @@ def build_provenance(
         "baseline": {"source": baseline_source, "effective_defaults": effective_defaults},
         "vllm_version": vllm_version(),
         # Which server the figures were measured on (the file serves on either).
-        "trial_server": {**server.model_dump(mode="json"), "ran": server.describe()},
+        "trial_server": {**server.model_dump(mode="json"), "ran": server.describe(deployed)},
         "hardware": hardware(),
         "model": model,
         "workload": workload,

@@ -90,8 +90,12 @@ def test_the_searched_front_end_count_reaches_the_servers_and_the_exported_confi
     folders = {Path(path).parent for path in sockets}
     assert len(folders) == 1 and next(iter(folders)).name.startswith("autotune-ipc-"), folders
     assert not next(iter(folders)).exists()
-    # The header tells a `vllm serve` user the flag the file cannot carry to it.
+    # The header tells a `vllm serve` user the flag the file cannot carry to it, and names the
+    # server the winner was measured on as it ran (our server reads the count from the file).
     assert "vllm serve --config best.yaml --api-server-count 2" in best_path.read_text()
+    measured_on = {"vllm": "vllm serve --api-server-count 2 (stock vLLM)",
+                   "autotune": "python -m server (vllm-autotune's server)"}[server]
+    assert f"# measured on: {measured_on}\n" in best_path.read_text()
     report = (out / "report.md").read_text()
     assert "Changed serving settings: `api_processes=2`" in report
     assert "`vllm serve --config best.yaml --api-server-count 2`" in report
