@@ -107,7 +107,8 @@ class ServerSettler:
         """The idle server's probe time: the median of a few probes in a row."""
         if not self.probe:
             return None
-        times = [t for t in [await self.probe_ms() for _ in range(CALIBRATION_PROBES)] if t is not None]
+        times = [t for t in [await self.probe_ms(self.timeout_s) for _ in range(CALIBRATION_PROBES)]
+                 if t is not None]
         if not times:
             logger.warning("every idle probe request failed: between ladder steps only the "
                            "server's running/waiting gauges are waited on")
@@ -115,8 +116,8 @@ class ServerSettler:
         self.idle_ms = statistics.median(times)
         return self.idle_ms
 
-    async def probe_ms(self) -> float | None:
-        """One lone short request's TTFT in ms (None when it failed)."""
+    async def probe_ms(self, timeout_s: float) -> float | None:
+        """One lone short request's TTFT in ms (None when it failed or took over `timeout_s`)."""
         self._probes_sent += 1
         trace = Trace.from_requests(
             [TraceRequest(timestamp=0.0, input_length=PROBE_INPUT_TOKENS,
@@ -125,6 +126,7 @@ class ServerSettler:
         # that no probe is a prefix-cache hit.
         options = dataclasses.replace(
             self.replay, mode=ReplayMode(kind="timed"), speedup=1.0, duration_s=None,
+            timeout_s=max(timeout_s, 1.0),
             prompts=PromptFactory(seed=self.replay.prompts.seed + PROBE_SEED_OFFSET + self._probes_sent))
         result = await self.replay_fn(trace, self.url, options)
         (record,) = result.records
@@ -147,7 +149,7 @@ class ServerSettler:
             if busy > 0:
                 busy_since = busy_since if busy_since is not None else now
             if limit is not None and (busy <= 0 or now - busy_since >= self.stale_after_s):
-                probe = await self.probe_ms()
+                probe = await self.probe_ms(deadline - now)
                 probes.append(probe)
                 fast = probe is not None and probe <= limit
                 fast_in_a_row = fast_in_a_row + 1 if fast else 0
