@@ -192,8 +192,7 @@ def settle_fields(capacity: CapacityResult | None) -> dict[str, Any]:
     if capacity is None:
         return {"busy_after_steps": None, "slowest_probe_ms": None, "settle_s": None}
     steps = [*capacity.steps, *capacity.unscored]
-    idle = capacity.idle_probe_ms
-    limit = None if idle is None else max(2 * idle, idle + LadderSettings().settle_slack_ms)
+    idle, limit = capacity.idle_probe_ms, capacity.idle_limit_ms
     probes = [p for s in steps for p in s.settle_probes_ms if p is not None]
     return {
         "idle_probe_ms": idle,

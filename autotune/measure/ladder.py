@@ -163,6 +163,7 @@ class CapacityResult(BaseModel):
     stopped_by: str | None = None  # what ended the ladder early (crash, client_lag, ...)
     unscored: list[LadderStep] = []  # steps whose client fell behind its schedule
     idle_probe_ms: float | None = None  # a lone short request's TTFT before the first step
+    idle_limit_ms: float | None = None  # a probe at most this slow found the server idle
 
     @property
     def headroom(self) -> float:
@@ -427,6 +428,7 @@ class LoadLadder:
             stopped_by=stopped_by,
             unscored=list(self.unscored),
             idle_probe_ms=self.settler.idle_ms,
+            idle_limit_ms=self.settler.limit_ms(),
         )
 
     # -- one step ------------------------------------------------------------------------
