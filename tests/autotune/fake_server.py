@@ -26,9 +26,11 @@ Keys (all optional):
   front_end_slots [[PROCESSES, SLOTS], ...]: `slots` from the front-end count (`--api-server-count`,
                   as `vllm serve` takes it, else the config's serving.api_processes),
                   likewise (a server whose front ends limit what it carries)
-  front_s         every completion first passes one lock held this long, outside the gauges:
-                  a front end's event loop that parses and tokenizes each request before the
-                  engine sees it, for clients that went away too (it cannot know before writing)
+  front_s         every completion first waits its turn in one line (first come, first served)
+                  and takes this long there, outside the gauges: a front end's event loop that
+                  parses and tokenizes each request before the engine sees it, for clients that
+                  went away too; one whose client is gone by then ends there (as vLLM's front
+                  end finds out when it gets to the request)
 GET /stats answers {"completions": n}: the completions received so far (for tests that act
 once the measured window is under way).
 """
@@ -39,7 +41,10 @@ import argparse
 import http.server
 import json
 import os
+import queue
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -93,7 +98,6 @@ def main() -> int:
               f"{tokens:,} tokens, Maximum concurrency for 2,048 tokens per request: 59.06x", flush=True)
     if behaviour.get("ipc_socket"):
         # As vLLM binds its engine connections (and, killed, leaves the file behind).
-        import socket
         import tempfile
         import uuid
 
@@ -107,7 +111,16 @@ def main() -> int:
         print(f"fake server: {processes} front-end processes, {slots} slots", flush=True)
     gate = threading.Semaphore(slots) if slots else None
     front_s = behaviour.get("front_s")
-    front = threading.Lock()
+    front_line: queue.Queue[threading.Event] = queue.Queue()
+
+    def front_end() -> None:
+        while True:
+            turn = front_line.get()
+            time.sleep(front_s)
+            turn.set()
+
+    if front_s:
+        threading.Thread(target=front_end, daemon=True).start()
     gauges = {"running": 0, "waiting": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -144,8 +157,11 @@ def main() -> int:
                 self._answer(500, b'{"error": "fake failure"}')
                 return
             if front_s:
-                with front:
-                    time.sleep(front_s)
+                turn = threading.Event()
+                front_line.put(turn)
+                turn.wait()
+                if self._client_gone():
+                    return
             self.send_response(200)
             # HTTP/1.0 (http.server's default) without a length: the body ends at close.
             self.send_header("Content-Type", "text/event-stream")
@@ -179,6 +195,16 @@ def main() -> int:
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
+
+        def _client_gone(self) -> bool:
+            """The request was read whole: a readable socket now means the client closed it."""
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            try:
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
 
         def _answer(self, status: int, body: bytes) -> None:
             self.send_response(status)
