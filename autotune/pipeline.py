@@ -188,10 +188,8 @@ def finish(
     if memory is not None:
         provenance["memory"] = memory
     best_path = plan.output_dir / "best.yaml"
-    front_ends = 1
     if verdict != "nothing":
         export_best(best_path, verdict_config, provenance)
-        front_ends = verdict_config.serving.api_processes
     report = write_report(
         plan.output_dir,
         ReportInputs(
@@ -203,7 +201,7 @@ def finish(
             run_dirs=result.run_dirs,
             provenance=provenance,
             best_yaml=best_path,
-            front_ends=front_ends,
+            front_ends=verdict_config.serving.api_processes,
             search_wall_s=tuning.search_wall_s,
             gate_wall_s=result.wall_s,
             gate_server_s=result.server_s,

@@ -483,7 +483,6 @@ class LoadLadder:
                       if scored else f"not scored: {behind}")
             passed = passed and scored
         settled = await self.settler.wait(f"draining after ladder step {index + 1}")
-        slow = [p for p in settled.probes_ms if p is None or p > (self.settler.limit_ms() or 0.0)]
         step = LadderStep(
             index=index,
             speedup=speedup,
@@ -513,9 +512,9 @@ class LoadLadder:
             f"  step {index + 1}: x{speedup:.3g} the recorded arrivals ({planned} requests, "
             f"{step.offered_rps:.3g} req/s in this stretch), {seconds:.0f} s: {verdict} ({reason})"
         )
-        if slow:
+        if settled.not_idle_ms:
             self.say(
-                f"    then the server was not idle yet: a lone request took {_slowest(slow)} "
+                f"    then the server was not idle yet: a lone request took {_slowest(settled.not_idle_ms)} "
                 f"(idle {self.settler.idle_ms:.0f} ms); waited {settled.seconds:.1f} s"
             )
         return step

@@ -57,11 +57,12 @@ PROBE_SEED_OFFSET = 1_000_003
 
 @dataclasses.dataclass
 class Settled:
-    """How one wait ended: its seconds, each probe's TTFT (None: the probe failed), and
-    whether it ended on a stale gauge or the timeout."""
+    """How one wait ended: its seconds, each probe's TTFT (None: the probe failed), those
+    that found the server not idle yet, and whether it ended on a stale gauge or the timeout."""
 
     seconds: float
     probes_ms: list[float | None]
+    not_idle_ms: list[float | None] = dataclasses.field(default_factory=list)
     stale_gauge: bool = False
     timed_out: bool = False
 
@@ -136,8 +137,9 @@ class ServerSettler:
         """Wait until the server is idle, or the timeout (then warn and go on)."""
         started = time.monotonic()
         deadline = started + self.timeout_s
-        limit = self.limit_ms() if self.probe else None
+        limit = self.limit_ms()  # None without a calibration: the gauges alone
         probes: list[float | None] = []
+        not_idle: list[float | None] = []
         busy_since: float | None = None
         fast_in_a_row = 0
         while True:
@@ -153,14 +155,16 @@ class ServerSettler:
                 probes.append(probe)
                 fast = probe is not None and probe <= limit
                 fast_in_a_row = fast_in_a_row + 1 if fast else 0
+                if not fast:
+                    not_idle.append(probe)
                 if fast and busy <= 0:
-                    return Settled(time.monotonic() - started, probes)
+                    return Settled(time.monotonic() - started, probes, not_idle)
                 if busy > 0 and fast_in_a_row >= STALE_PROBES:
                     logger.warning(
                         "%s: the running/waiting gauges read %d for %.0f s while %d requests in a "
                         "row were answered at idle speed: taken as a stale gauge; going on",
                         when, busy, now - (busy_since or now), fast_in_a_row)
-                    return Settled(time.monotonic() - started, probes, stale_gauge=True)
+                    return Settled(time.monotonic() - started, probes, not_idle, stale_gauge=True)
             if time.monotonic() > deadline:
                 slowest = max((p for p in probes if p is not None), default=None)
                 logger.warning(
@@ -168,7 +172,7 @@ class ServerSettler:
                     "going on", when, self.timeout_s, busy,
                     "" if limit is None else f", last probe {_ms(probes[-1] if probes else None)} "
                     f"against {limit:.0f} ms idle (slowest {_ms(slowest)})")
-                return Settled(time.monotonic() - started, probes, timed_out=True)
+                return Settled(time.monotonic() - started, probes, not_idle, timed_out=True)
             self.check_alive(when)
             await asyncio.sleep(POLL_S)
 
