@@ -9,8 +9,11 @@ for its model output). This reads those lines from each log given and compares:
 - decode-only iterations by batch size (generation requests): the time one takes; at equal
   batch size this is the engine's own speed, whatever the front end does;
 - iterations that carry prefill tokens: how many, how many tokens, how long;
-- seconds in which the engine ran at all: iterations per second, and the share of the second
-  spent inside iterations (the rest: scheduling, input and output handling, or nothing to do).
+- seconds in which the engine ran at all: iterations per second by the largest batch of the
+  second (an engine core whose Python work per running request bounds it runs fewer
+  iterations a second as the batch grows, the same way whoever feeds it), and the share of the
+  second spent inside iterations (the rest: scheduling, input and output handling, or nothing
+  to do).
 
 Why: on an H200 our one-process server's engine showed an ITL p95 of 22.7 ms where `vllm
 serve`'s showed 9.9 ms at the same offered rate and config (results/benchmarks/
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import re
+import shlex
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -72,18 +76,21 @@ class Iterations:
         chosen = (self.ctx_requests == 0) & (self.batch >= low) & (self.batch <= high)
         return self.ms[chosen]
 
-    def busy_seconds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per wall-clock second with at least one iteration: iterations, and the share of the
-        second spent inside iterations. The first and last second of each run of seconds are
-        partial; only seconds with 10 or more iterations count."""
+    def busy_seconds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per wall-clock second with 10 or more iterations (the log's clock has whole seconds;
+        a quieter second is mostly idle): iterations, the share of the second spent inside
+        iterations, and the largest batch (generation requests) of the second."""
         counts: dict[str, int] = defaultdict(int)
         spent: dict[str, float] = defaultdict(float)
-        for clock, ms in zip(self.clock, self.ms, strict=True):
+        largest: dict[str, int] = defaultdict(int)
+        for clock, ms, batch in zip(self.clock, self.ms, self.batch, strict=True):
             counts[clock] += 1
             spent[clock] += ms
+            largest[clock] = max(largest[clock], int(batch))
         keys = [key for key in counts if counts[key] >= 10]
         return (np.array([counts[k] for k in keys], dtype=float),
-                np.array([spent[k] / 1000 for k in keys], dtype=float))
+                np.array([spent[k] / 1000 for k in keys], dtype=float),
+                np.array([largest[k] for k in keys], dtype=int))
 
 
 def quantiles(values: np.ndarray) -> str:
@@ -94,11 +101,26 @@ def quantiles(values: np.ndarray) -> str:
 
 
 def report(logs: list[Iterations], labels: list[str]) -> str:
-    lines = ["## Decode-only iterations: ms p50 / p95 (count), by batch size", ""]
+    lines = ["## Decode-only iterations: ms p50 / p95 (count), by batch size", "",
+             "With async scheduling (vLLM's default on GPUs) the time vLLM logs is the wait for "
+             "an output the GPU has mostly finished already, not the iteration's length: read "
+             "the iterations per second below instead.", ""]
     lines.append("| batch | " + " | ".join(labels) + " |")
     lines.append("|---|" + "---|" * len(labels))
     for low, high in BATCH_BUCKETS:
         cells = [quantiles(log.decode_only(low, high)) for log in logs]
+        if any(cell != "-" for cell in cells):
+            name = f"{low}-{high}" if high < 1 << 20 else f">= {low}"
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "## Iterations per second by the largest batch of the second: p50 (seconds)", ""]
+    lines.append("| largest batch | " + " | ".join(labels) + " |")
+    lines.append("|---|" + "---|" * len(labels))
+    seconds = [log.busy_seconds() for log in logs]
+    for low, high in BATCH_BUCKETS:
+        cells = []
+        for per_second, _, largest in seconds:
+            chosen = per_second[(largest >= low) & (largest <= high)]
+            cells.append(f"{np.median(chosen):.0f} ({len(chosen)})" if len(chosen) else "-")
         if any(cell != "-" for cell in cells):
             name = f"{low}-{high}" if high < 1 << 20 else f">= {low}"
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -110,7 +132,7 @@ def report(logs: list[Iterations], labels: list[str]) -> str:
             lines.append(f"| {label} | 0 | - | - | - | - | - |")
             continue
         mixed = log.ctx_requests > 0
-        per_second, inside = log.busy_seconds()
+        per_second, inside, _ = log.busy_seconds()
         rate = f"{np.median(per_second):.0f}" if len(per_second) else "-"
         share = f"{np.median(inside):.2f}" if len(inside) else "-"
         ctx = log.ctx_tokens[mixed]
@@ -136,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     empty = [label for label, log in zip(labels, logs, strict=True) if len(log) == 0]
     if len(empty) == len(logs):
         parser.error("no iteration lines in any log: was enable_logging_iteration_details on?")
-    command = " ".join([".venv/bin/python benchmarks/engine_iterations.py", *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "benchmarks/engine_iterations.py", *sys.argv[1:]])
     text = f"# Engine iterations, launch beside launch\n\n- Command: `{command}`\n\n" + report(logs, labels)
     print(text)
     if args.name:
