@@ -8,8 +8,10 @@ drawn again instead, a few times (each draw advances TPE's random state). TPE's 
 often stays the favourite, so then the config nearest to it that is not measured yet is taken
 (one step in one knob, then two, ...): a local step around what TPE believes best. Only a space
 with nothing left near the proposal measures it again. In the replay this took the launches
-on measured configs to 0 (results/benchmarks/search_fresh_configs.md). Repeats the search asks
-for on purpose (the gate's, queued moves) do not pass here.
+on measured configs to 0 (results/benchmarks/search_fresh_configs.md). During TPE's random
+start the whole config is drawn at once too (TPE would draw one knob at a time, and then only
+the last knob could move: 0-2 launches of a replayed run still went to measured configs; none
+since). Repeats the search asks for on purpose (the gate's, queued moves) do not pass here.
 """
 
 from __future__ import annotations
@@ -56,7 +58,14 @@ class FreshConfigSampler(BaseSampler):
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         def draw() -> dict[str, Any]:
-            return self.inner.sample_relative(study, trial, search_space)
+            drawn = self.inner.sample_relative(study, trial, search_space)
+            if drawn or not search_space:
+                return drawn
+            # TPE's random start leaves every parameter to sample_independent, one at a time, where
+            # only the last one could still be drawn again: with no new value left for it, a config
+            # was measured twice. Drawn here together, every knob can move to a new config.
+            return {name: self.inner.sample_independent(study, trial, name, distribution)
+                    for name, distribution in search_space.items()}
 
         return self._fresh(study, trial, draw, lambda params: params,
                            lambda params, is_new, rng: nearest_new(params, search_space, is_new, rng))

@@ -7,11 +7,16 @@ measured before, until none is left; then the study goes on and measures one aga
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from optuna.distributions import CategoricalDistribution, IntDistribution
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.samplers import BaseSampler
+from optuna.search_space import IntersectionSearchSpace
+from optuna.trial import FrozenTrial
 
-from autotune.search.sampler import nearest_new
+from autotune.search.sampler import FreshConfigSampler, nearest_new
 from autotune.search.space import ParamSpec, SearchSpace
 from tests.autotune.test_study import FakeRunner, make_study
 
@@ -56,3 +61,35 @@ def test_the_nearest_config_not_measured_is_taken_ring_by_ring() -> None:
     assert nearest_new({"seqs": 0, "prefix": True}, {"seqs": IntDistribution(0, 1)},
                        lambda c: c == {"seqs": 1, "prefix": True}, np.random.default_rng(0)) == {"seqs": 1, "prefix": True}
     assert nearest_new(start, space, lambda c: False, np.random.default_rng(0)) is None
+
+
+class RandomStart(BaseSampler):
+    """TPE during its random start, made predictable: nothing jointly (`sample_relative` gives
+    {}), and every parameter on its own at its lowest value."""
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return IntersectionSearchSpace().calculate(study)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        assert isinstance(param_distribution, CategoricalDistribution)
+        return param_distribution.choices[0]
+
+
+def test_the_random_start_moves_any_knob_to_a_new_config() -> None:
+    # Every config with 4 sequences is measured. Drawn one knob at a time, 4 sequences came
+    # first and the last knob had no new value left: the random start measured a config again.
+    seqs = CategoricalDistribution([4, 8])
+    batched = CategoricalDistribution([1024, 2048])
+    sampler = FreshConfigSampler(RandomStart(), lambda params: dict(params) if len(params) == 2 else None)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    for measured in ({"seqs": 4, "batched": 1024}, {"seqs": 4, "batched": 2048}):
+        study.add_trial(optuna.trial.create_trial(
+            params=measured, distributions={"seqs": seqs, "batched": batched}, value=1.0,
+            user_attrs={"engine_params": measured}))
+    trial = study.ask({"seqs": seqs, "batched": batched})
+    assert trial.params["seqs"] == 8, trial.params
