@@ -11,6 +11,16 @@ predicts which knob matters, and the baseline's capacity ladder says which SLO b
   sequences (x2, x4), and a larger prefill budget (x2) so a burst of prompts clears faster.
 - **TTFT broke first** without a full batch (prefill-bound, or prefills stuck behind
   decodes): half the budget and a larger one, one move each.
+- **TTFT broke only outside the engine** (`front_end_lag`: over its threshold at the client,
+  within it by vLLM's own count, nothing waiting in the engine), where the space searches
+  `api_processes`: more front-end processes (x2, x4) before the engine's knobs. vLLM's TTFT
+  starts when its front end hands the request on, so what made the miss was spent in the API
+  process. The one case recorded with `vllm serve`: its held-out baseline on an H200 missed
+  this way at 136 req/s (608 ms at the client, 414 in vLLM) and at 193 (1,402 against 460,
+  TPOT p95 16 ms), and four API processes carried 537 req/s on the same window
+  (results/h200-2026-11-28-front-ends). On our server with one front end the same signature
+  shows at some limiting steps (results/benchmarks/frontends-h200/*-settle*), where four front
+  ends have not carried more: the move is measured like any other.
 Moves outside the search space are clamped to it; moves equal to the baseline or to one
 already queued are dropped. A move that beats everything measured before it is followed one
 step further the same way (`follow_up`: 8192 -> 2048 paid off, so 1024 next), until a step
@@ -46,6 +56,7 @@ logger = logging.getLogger(__name__)
 BATCHED = "max_num_batched_tokens"
 SEQS = "max_num_seqs"
 MEMORY = "gpu_memory_utilization"
+FRONT_ENDS = "api_processes"
 MAX_MOVES = 3
 MEMORY_RESOLUTION = 0.02  # of the device's memory, when the space's memory has no step
 
@@ -81,14 +92,41 @@ def rebase(move: Move, space: SearchSpace, best_values: Mapping[str, Any]) -> Mo
     return None if moved is None else moved.model_copy(update={"follow": move.follow})
 
 
+def limiting_step(capacity: CapacityResult) -> LadderStep | None:
+    """The lowest failing step above the capacity: where the config's limit showed."""
+    passing = capacity.passing_step()
+    failing = [s for s in capacity.steps if not s.passed and (passing is None or s.speedup > passing.speedup)]
+    return min(failing, key=lambda s: s.speedup) if failing else None
+
+
+def front_end_lag(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
+    """Why the front end, not the engine, limited the config (None when it did not): at the
+    limiting step TTFT broke first, over its threshold at the client but within it by vLLM's
+    own histogram (which starts when the front end hands the request to the engine), with no
+    request waiting in the engine. vLLM's side is read at p95 (what the scraper keeps), so only
+    a p95 TTFT SLO is judged."""
+    step = limiting_step(capacity)
+    slo = next((slo for slo in slos if slo.metric == "ttft" and slo.percentile == 95), None)
+    if step is None or slo is None or step.server is None or limiting_slo(capacity, slos) != "ttft":
+        return None
+    client = step.measured_ms.get(slo.spec())
+    engine = step.server.ttft_p95_ms
+    waiting = step.server.num_waiting_max
+    if client is None or engine is None or waiting is None or waiting > 0:
+        return None
+    if not engine <= slo.threshold_ms < client:
+        return None
+    return (f"ttft broke first at {step.offered_rps:.3g} req/s only outside the engine: "
+            f"{client:.0f} ms at the client, {engine:.0f} by vLLM's count, none waiting in it: "
+            f"the front end fell behind")
+
+
 def limiting_slo(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
     """The SLO metric that broke first: the one furthest over its threshold at the lowest
     failing step above the capacity (by missed-request counts when the step was abandoned)."""
-    passing = capacity.passing_step()
-    failing = [s for s in capacity.steps if not s.passed and (passing is None or s.speedup > passing.speedup)]
-    if not failing:
+    step = limiting_step(capacity)
+    if step is None:
         return None
-    step: LadderStep = min(failing, key=lambda s: s.speedup)
     worst: tuple[float, str] | None = None
     for slo in slos:
         value = step.measured_ms.get(slo.spec())
@@ -124,6 +162,9 @@ def first_moves(
         and (server.num_running_max or 0) >= 0.9 * float(seqs)
     )
     wanted: list[tuple[str, float, str]] = []  # (knob, factor, why)
+    front_end = front_end_lag(capacity, slos) if FRONT_ENDS in space.params else None
+    if front_end is not None:
+        wanted += [(FRONT_ENDS, 2.0, front_end), (FRONT_ENDS, 4.0, front_end)]
     if limit in ("tpot", "itl"):
         why = f"{limit} broke first: smaller prefill chunks stall decodes less"
         wanted += [(BATCHED, 0.25, why), (BATCHED, 0.5, why), (SEQS, 0.5, f"{limit} broke first")]
@@ -151,6 +192,8 @@ def _move(
 ) -> Move | None:
     param = space.params.get(knob)
     current = baseline.get(knob)
+    if param is not None and param.type == "categorical":
+        return _categorical_move(space, baseline, knob, factor, why)
     if param is None or current is None or param.low is None or param.high is None:
         return None
     target = float(current) * factor
@@ -164,6 +207,26 @@ def _move(
     values[knob] = value
     label = f"{knob}={value}"
     return Move(name=label, why=why, values=values, knob=knob, factor=factor)
+
+
+def _categorical_move(
+    space: SearchSpace, baseline: Mapping[str, Any], knob: str, factor: float, why: str
+) -> Move | None:
+    """A move among numeric choices (e.g. `api_processes: [1, 2, 4]`): the choice nearest to
+    the baseline's value x `factor`, on the side the factor points to."""
+    current = baseline.get(knob)
+    choices = [c for c in space.params[knob].choices or []
+               if isinstance(c, int | float) and not isinstance(c, bool)]
+    if not isinstance(current, int | float) or isinstance(current, bool) or not choices:
+        return None
+    target = float(current) * factor
+    side = [c for c in choices if (c > current if factor > 1 else c < current)]
+    if not side:
+        return None
+    value = min(side, key=lambda c: (abs(float(c) - target), c))
+    values = _clamped_baseline(space, baseline)
+    values[knob] = value
+    return Move(name=f"{knob}={value}", why=why, values=values, knob=knob, factor=factor)
 
 
 def _clamped_baseline(space: SearchSpace, baseline: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autotune.measure.ladder import CapacityResult, LadderStep
 from autotune.measure.scraper import ServerMetrics
 from autotune.search.first_moves import first_moves, limiting_slo
@@ -20,14 +22,15 @@ DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_ut
 
 
 def step(speedup: float, passed: bool, ttft: float, tpot: float, *, waiting: float = 0,
-         running: float = 10) -> LadderStep:
+         running: float = 10, engine_ttft: float | None = None) -> LadderStep:
     summary = ReplaySummary(duration=1, completed=100, failed=0, total_input_tokens=1,
                             total_output_tokens=1, request_throughput=1, output_throughput=1,
                             total_token_throughput=1)
     return LadderStep(index=0, speedup=speedup, offered_rps=speedup, requests=100, passed=passed,
                       reason="", measured_ms={"ttft_p95_ms=500": ttft, "tpot_p95_ms=50": tpot},
                       summary=summary, seconds=1,
-                      server=ServerMetrics(num_waiting_max=waiting, num_running_max=running))
+                      server=ServerMetrics(num_waiting_max=waiting, num_running_max=running,
+                                           ttft_p95_ms=engine_ttft))
 
 
 def capacity(*steps: LadderStep) -> CapacityResult:
@@ -64,6 +67,28 @@ def test_moves_stay_inside_the_space_and_are_never_the_baseline() -> None:
     assert first_moves(None, SLOS, SPACE, DEFAULTS) == []
 
 
+def test_a_front_end_that_fell_behind_asks_for_more_front_ends_first() -> None:
+    """The H200 held-out step of one `vllm serve` API process: TTFT p95 1,402 ms at the client,
+    vLLM's own ~460 ms (within the 500 ms SLO), TPOT 16 ms, nothing waiting in the engine."""
+    fronts = SearchSpace({**SPACE.params, "api_processes": ParamSpec(type="int", low=1, high=4)}, [])
+    base = {**DEFAULTS, "api_processes": 1}
+    lagging = capacity(step(128, True, 113, 10, engine_ttft=90), step(193, False, 1402, 16, engine_ttft=460))
+    moves = first_moves(lagging, SLOS, fronts, base)
+    assert [m.values["api_processes"] for m in moves[:2]] == [2, 4]
+    assert "front end fell behind" in moves[0].why and "1402 ms at the client, 460 by vLLM" in moves[0].why
+    # Numeric choices, as scripts/gpu/space-front-ends.yaml has them.
+    choices = SearchSpace({"api_processes": ParamSpec(type="categorical", choices=[1, 2, 4])}, [])
+    assert [m.values for m in first_moves(lagging, SLOS, choices, {"api_processes": 1})] == [
+        {"api_processes": 2}, {"api_processes": 4}]
+    # TTFT over the SLO inside vLLM too, or requests waiting in its engine: the engine's knobs.
+    for engine_bound in (capacity(step(128, True, 113, 10, engine_ttft=90), step(193, False, 700, 16, engine_ttft=660)),
+                         capacity(step(128, True, 113, 10, engine_ttft=90),
+                                  step(193, False, 1402, 16, engine_ttft=460, waiting=30))):
+        assert all(m.knob != "api_processes" for m in first_moves(engine_bound, SLOS, fronts, base))
+    # Without the knob in the space, nothing changes.
+    assert all(m.knob != "api_processes" for m in first_moves(lagging, SLOS, SPACE, DEFAULTS))
+
+
 # -- the study's first phase, with a fake runner whose capacity peaks at 1024 batched tokens --
 
 
@@ -71,7 +96,6 @@ def run_ladder_study(tmp_path, space: SearchSpace, n_trials: int):
     """A study over a fake runner whose capacity peaks at 512 sequences and 1024 batched
     tokens; TPOT is what breaks (as on the H100). Returns the (seqs, batched) launched and the study."""
     import math
-    from pathlib import Path
 
     from autotune.measure.trial import TrialOutcome
     from autotune.search.objective import Objective
@@ -133,6 +157,50 @@ def test_a_move_vllm_would_refuse_is_skipped_without_spending_a_trial(tmp_path) 
     assert len(study.study.trials) == 4 and not any(t.user_attrs.get("broken_relations") for t in study.study.trials)
 
 
+def test_a_study_whose_front_end_fell_behind_tries_more_front_ends_first(tmp_path) -> None:
+    """One front end lags (TTFT at the client far over vLLM's own); two carry more; four more
+    still: the first phase goes 1 -> 2, which paid off, -> 4, before TPE."""
+    from autotune.measure.trial import TrialOutcome
+    from autotune.search.objective import Objective
+    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
+    from server.config import ServerConfig
+    from workloads.trace import Trace, TraceRequest
+
+    window = Trace.from_requests(
+        [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
+
+    class FrontEndRunner:
+        def __init__(self) -> None:
+            self.launched: list[int] = []
+
+        def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
+                start_speedup=None) -> TrialOutcome:
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            fronts = config.serving.api_processes
+            self.launched.append(fronts)
+            rps = {1: 100.0, 2: 150.0, 4: 200.0}[fronts]
+            result = capacity(step(rps / 10, True, 200, 20, engine_ttft=150),
+                              step(rps / 10 * 1.1, False, 1400, 20, engine_ttft=450))
+            result = result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
+            (trial_dir / "ladder.json").write_text(result.model_dump_json())
+            return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
+
+    runner = FrontEndRunner()
+    said: list[str] = []
+    study = TuningStudy(
+        options=StudyOptions(study_name="fronts", output_dir=tmp_path, n_trials=3, top_k=1, repeats=1),
+        inputs=SearchInputs(
+            space=SearchSpace({"api_processes": ParamSpec(type="categorical", choices=[1, 2, 4])}, []),
+            objective=Objective(kind="capacity"), slos=SLOS,
+            baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
+            tuning_window=window, holdout_window=window, effective_defaults=DEFAULTS),
+        runner=runner, say=said.append,
+    )
+    study.run_search()
+    assert runner.launched == [1, 2, 4]
+    assert any("api_processes=2" in line and "front end fell behind" in line for line in said), said
+
+
 # -- min-memory: bisecting memory ----------------------------------------------------------
 
 
@@ -157,7 +225,6 @@ def test_memory_descent_bisects_between_the_least_memory_that_met_and_the_most_t
 
 
 def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_path) -> None:
-    from pathlib import Path
 
     from autotune.measure.trial import TrialOutcome
     from autotune.search.objective import parse_objective
