@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune.measure.ladder import CapacityResult, LadderStep
 from autotune.measure.scraper import ServerMetrics
-from autotune.search.first_moves import first_moves, limiting_slo
+from autotune.measure.trial import TrialOutcome
+from autotune.search.first_moves import first_moves, limiting_slo, memory_descent
+from autotune.search.objective import Objective, parse_objective
 from autotune.search.relations import parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
+from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
+from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
+from workloads.trace import Trace, TraceRequest
 
 SLOS = [parse_slo("ttft_p95_ms=500"), parse_slo("tpot_p95_ms=50")]
 SPACE = SearchSpace({
@@ -92,47 +99,58 @@ def test_a_front_end_that_fell_behind_asks_for_more_front_ends_first() -> None:
 # -- the study's first phase, with a fake runner whose capacity peaks at 1024 batched tokens --
 
 
-def run_ladder_study(tmp_path, space: SearchSpace, n_trials: int):
-    """A study over a fake runner whose capacity peaks at 512 sequences and 1024 batched
-    tokens; TPOT is what breaks (as on the H100). Returns the (seqs, batched) launched and the study."""
-    import math
+WINDOW = Trace.from_requests(
+    [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
 
-    from autotune.measure.trial import TrialOutcome
-    from autotune.search.objective import Objective
-    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
-    from server.config import ServerConfig
-    from workloads.trace import Trace, TraceRequest
 
-    window = Trace.from_requests(
-        [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
+class FakeRunner:
+    """A trial runner whose launches only record the config and answer `measure(config)`'s
+    capacity ladder (kept in the trial folder, where the first phase reads the baseline's)."""
 
-    class LadderRunner:
-        def __init__(self) -> None:
-            self.launched: list[tuple[int, int]] = []
+    def __init__(self, measure: Callable[[ServerConfig], CapacityResult]) -> None:
+        self.measure = measure
+        self.configs: list[ServerConfig] = []
 
-        def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
-                start_speedup=None) -> TrialOutcome:
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            seqs = int(config.engine.get("max_num_seqs") or 1024)
-            batched = int(config.engine.get("max_num_batched_tokens") or 8192)
-            self.launched.append((seqs, batched))
-            rps = 10.0 - 2.0 * abs(math.log2(batched / 1024)) - 1.0 * abs(math.log2(seqs / 512))
-            result = capacity(step(rps / 10, True, 200, 45), step(rps / 10 * 1.1, False, 300, 60))
-            result = result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
-            (trial_dir / "ladder.json").write_text(result.model_dump_json())
-            return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
+    def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
+            start_speedup=None, **_: object) -> TrialOutcome:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        self.configs.append(config)
+        result = self.measure(config)
+        (trial_dir / "ladder.json").write_text(result.model_dump_json())
+        return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
 
-    runner = LadderRunner()
+
+def search(tmp_path: Path, runner: FakeRunner, space: SearchSpace, n_trials: int, *,
+           objective: Objective | None = None, baseline: ServerConfig | None = None,
+           baseline_source: str = "defaults", say: Callable[[str], None] = lambda line: None) -> TuningStudy:
     study = TuningStudy(
         options=StudyOptions(study_name="moves", output_dir=tmp_path, n_trials=n_trials, top_k=1, repeats=1),
         inputs=SearchInputs(
-            space=space, objective=Objective(kind="capacity"), slos=SLOS,
-            baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
-            tuning_window=window, holdout_window=window, effective_defaults=DEFAULTS),
-        runner=runner, say=lambda line: None,
+            space=space, objective=objective or Objective(kind="capacity"), slos=SLOS,
+            baseline=baseline or ServerConfig(engine={"model": "fake"}), baseline_source=baseline_source,
+            tuning_window=WINDOW, holdout_window=WINDOW, effective_defaults=DEFAULTS),
+        runner=runner, say=say,
     )
     study.run_search()
-    return runner.launched, study
+    return study
+
+
+def run_ladder_study(tmp_path: Path, space: SearchSpace, n_trials: int) -> tuple[list[tuple[int, int]], TuningStudy]:
+    """A study over a fake runner whose capacity peaks at 512 sequences and 1024 batched
+    tokens; TPOT is what breaks (as on the H100). Returns the (seqs, batched) launched and the study."""
+
+    def knobs(config: ServerConfig) -> tuple[int, int]:
+        return int(config.engine.get("max_num_seqs") or 1024), int(config.engine.get("max_num_batched_tokens") or 8192)
+
+    def measure(config: ServerConfig) -> CapacityResult:
+        seqs, batched = knobs(config)
+        rps = 10.0 - 2.0 * abs(math.log2(batched / 1024)) - 1.0 * abs(math.log2(seqs / 512))
+        result = capacity(step(rps / 10, True, 200, 45), step(rps / 10 * 1.1, False, 300, 60))
+        return result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
+
+    runner = FakeRunner(measure)
+    study = search(tmp_path, runner, space, n_trials)
+    return [knobs(config) for config in runner.configs], study
 
 
 def test_the_study_follows_the_move_that_paid_off_then_moves_the_next_knob_from_the_best(tmp_path) -> None:
@@ -160,44 +178,17 @@ def test_a_move_vllm_would_refuse_is_skipped_without_spending_a_trial(tmp_path) 
 def test_a_study_whose_front_end_fell_behind_tries_more_front_ends_first(tmp_path) -> None:
     """One front end lags (TTFT at the client far over vLLM's own); two carry more; four more
     still: the first phase goes 1 -> 2, which paid off, -> 4, before TPE."""
-    from autotune.measure.trial import TrialOutcome
-    from autotune.search.objective import Objective
-    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
-    from server.config import ServerConfig
-    from workloads.trace import Trace, TraceRequest
 
-    window = Trace.from_requests(
-        [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
+    def measure(config: ServerConfig) -> CapacityResult:
+        rps = {1: 100.0, 2: 150.0, 4: 200.0}[config.serving.api_processes]
+        result = capacity(step(rps / 10, True, 200, 20, engine_ttft=150),
+                          step(rps / 10 * 1.1, False, 1400, 20, engine_ttft=450))
+        return result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
 
-    class FrontEndRunner:
-        def __init__(self) -> None:
-            self.launched: list[int] = []
-
-        def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
-                start_speedup=None) -> TrialOutcome:
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            fronts = config.serving.api_processes
-            self.launched.append(fronts)
-            rps = {1: 100.0, 2: 150.0, 4: 200.0}[fronts]
-            result = capacity(step(rps / 10, True, 200, 20, engine_ttft=150),
-                              step(rps / 10 * 1.1, False, 1400, 20, engine_ttft=450))
-            result = result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
-            (trial_dir / "ladder.json").write_text(result.model_dump_json())
-            return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
-
-    runner = FrontEndRunner()
-    said: list[str] = []
-    study = TuningStudy(
-        options=StudyOptions(study_name="fronts", output_dir=tmp_path, n_trials=3, top_k=1, repeats=1),
-        inputs=SearchInputs(
-            space=SearchSpace({"api_processes": ParamSpec(type="categorical", choices=[1, 2, 4])}, []),
-            objective=Objective(kind="capacity"), slos=SLOS,
-            baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
-            tuning_window=window, holdout_window=window, effective_defaults=DEFAULTS),
-        runner=runner, say=said.append,
-    )
-    study.run_search()
-    assert runner.launched == [1, 2, 4]
+    runner, said = FakeRunner(measure), []
+    space = SearchSpace({"api_processes": ParamSpec(type="categorical", choices=[1, 2, 4])}, [])
+    search(tmp_path, runner, space, n_trials=3, say=said.append)
+    assert [config.serving.api_processes for config in runner.configs] == [1, 2, 4]
     assert any("api_processes=2" in line and "front end fell behind" in line for line in said), said
 
 
@@ -205,8 +196,6 @@ def test_a_study_whose_front_end_fell_behind_tries_more_front_ends_first(tmp_pat
 
 
 def test_memory_descent_bisects_between_the_least_memory_that_met_and_the_most_that_missed() -> None:
-    from autotune.search.first_moves import memory_descent
-
     space = SearchSpace({"gpu_memory_utilization": ParamSpec(type="float", low=0.1, high=0.3)}, [])
     base = {"gpu_memory_utilization": 0.3}
     assert memory_descent([(0.3, True)], space, base).values["gpu_memory_utilization"] == 0.2
@@ -226,48 +215,24 @@ def test_memory_descent_bisects_between_the_least_memory_that_met_and_the_most_t
 
 def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_path) -> None:
 
-    from autotune.measure.trial import TrialOutcome
-    from autotune.search.objective import parse_objective
-    from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
-    from server.config import ServerConfig
-    from workloads.trace import Trace, TraceRequest
-
-    window = Trace.from_requests(
-        [TraceRequest(timestamp=i * 100.0, input_length=50, output_length=20) for i in range(100)])
-
-    class MemoryRunner:
+    def measure(config: ServerConfig) -> CapacityResult:
         """Every SLO holds at the headroom from 0.17 of the memory up (the weights need the rest)."""
+        passed = float(config.engine["gpu_memory_utilization"]) >= 0.17
+        result = capacity(step(1.5, passed, 200 if passed else 900, 20))
+        return result.model_copy(update={"capacity_rps": 15.0 if passed else 0.0, "recorded_rps": 10.0,
+                                         "capacity_speedup": 1.5 if passed else None})
 
-        def __init__(self) -> None:
-            self.memory: list[float] = []
-
-        def run(self, config: ServerConfig, window: Trace, trial_dir: Path, *, should_prune=None,
-                start_speedup=None, **_: object) -> TrialOutcome:
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            memory = float(config.engine.get("gpu_memory_utilization"))
-            self.memory.append(memory)
-            passed = memory >= 0.17
-            result = capacity(step(1.5, passed, 200 if passed else 900, 20))
-            result = result.model_copy(update={"capacity_rps": 15.0 if passed else 0.0, "recorded_rps": 10.0,
-                                               "capacity_speedup": 1.5 if passed else None})
-            return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
-
-    runner = MemoryRunner()
+    runner = FakeRunner(measure)
     space = SearchSpace({
         "max_num_seqs": ParamSpec(type="int", low=8, high=1024, log=True),
         "gpu_memory_utilization": ParamSpec(type="float", low=0.1, high=0.3),
     }, [])
-    study = TuningStudy(
-        options=StudyOptions(study_name="mm", output_dir=tmp_path, n_trials=6, top_k=1, repeats=1),
-        inputs=SearchInputs(
-            space=space, objective=parse_objective("min-memory", SLOS, headroom=1.5), slos=SLOS,
-            baseline=ServerConfig(engine={"model": "fake", "gpu_memory_utilization": 0.3}),
-            baseline_source="deployed.yaml", tuning_window=window, holdout_window=window,
-            effective_defaults=DEFAULTS),
-        runner=runner, say=lambda line: None,
-    )
-    study.run_search()
+    study = search(tmp_path, runner, space, n_trials=6,
+                   objective=parse_objective("min-memory", SLOS, headroom=1.5),
+                   baseline=ServerConfig(engine={"model": "fake", "gpu_memory_utilization": 0.3}),
+                   baseline_source="deployed.yaml")
+    memory = [float(config.engine["gpu_memory_utilization"]) for config in runner.configs]
     # 0.3 met; 0.2 met; 0.15 missed; 0.18 met; 0.17 met (within 0.02 of 0.15's miss: done); then TPE.
-    assert runner.memory[:5] == [0.3, 0.2, 0.15, 0.18, 0.17]
+    assert memory[:5] == [0.3, 0.2, 0.15, 0.18, 0.17]
     best = study.gate.best_trials(study.study, 1)[0]
     assert best.values == [0.17]
