@@ -70,7 +70,10 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
     }
     # min-memory's score is the memory column itself: the KV cache vLLM made of it instead.
     scored = "KV cache" if objective.kind == "min-memory" else objective.label
-    header = ["trial", *(["host"] if hosts else []), *names, scored, "SLOs", "failure", "wall"]
+    # The capacity ladder's view of what limited each config (studies before it: no column).
+    broke = any(trial.user_attrs.get("broke_first") for trial in trials)
+    header = ["trial", *(["host"] if hosts else []), *names, scored, "SLOs",
+              *(["broke first"] if broke else []), "failure", "wall"]
     rows = []
     for trial in trials:
         params = trial.user_attrs.get("engine_params", {})
@@ -107,7 +110,8 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
         if trial.number in retried_as:
             notes.append(f"retried as {trial_label(retried_as[trial.number])}")
         failure = "; ".join(part for part in (failure[:120], *notes) if part)
-        cells += [score, slo, failure, format_duration(trial.user_attrs.get("wall_s"))]
+        cells += [score, slo, *([trial.user_attrs.get("broke_first") or "-"] if broke else []),
+                  failure, format_duration(trial.user_attrs.get("wall_s"))]
         rows.append(cells)
     return header, rows
 

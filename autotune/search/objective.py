@@ -18,6 +18,9 @@ SLO feasibility is an Optuna constraint per SLO: `(measured percentile - thresho
 threshold`, <= 0 when met. Relative rather than raw milliseconds because TPE ranks infeasible
 trials by the *sum* of violations, and a 100 ms TTFT miss and a 10 ms TPOT miss are equally bad
 for a 500 ms / 50 ms pair of SLOs. The raw margins in ms are stored too (report, headroom).
+
+Over 400 lines because the five objectives share one evaluation record and one way to read
+their SLOs; split by objective, each part would re-import the others' helpers.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import AutotuneError
+from autotune.search.first_moves import what_broke_first
 from workloads.slo import SLO, parse_slo, request_tpot_ms
 
 ObjectiveKind = Literal["capacity", "goodput", "throughput", "pareto", "min-memory"]
@@ -186,6 +190,7 @@ class Evaluation(BaseModel):
     # capacity objective: req/s the config carries with every SLO met, and / recorded rate
     capacity_rps: float | None = None
     headroom: float | None = None
+    broke_first: str | None = None  # the SLO that broke first above the capacity (what_broke_first)
     # min-memory: the config's gpu_memory_utilization and the KV cache vLLM made of it
     memory: float | None = None
     kv_cache_gib: float | None = None
@@ -344,6 +349,7 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
         slo_met=bool(outcome.ok) and rps > 0 and headroom >= 1.0,
         capacity_rps=rps,
         headroom=headroom,
+        broke_first=what_broke_first(capacity, slos) if capacity is not None else None,
     )
 
 

@@ -56,6 +56,7 @@ def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, se
     if evaluation.capacity_rps is not None:
         trial.set_user_attr("capacity_rps", evaluation.capacity_rps)
         trial.set_user_attr("headroom", evaluation.headroom)
+        trial.set_user_attr("broke_first", evaluation.broke_first)
     if evaluation.memory is not None:
         trial.set_user_attr("memory", evaluation.memory)
         trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune.decide.report import trial_rows
 from autotune.measure.ladder import CapacityResult, LadderStep
 from autotune.measure.scraper import ServerMetrics
 from autotune.measure.trial import TrialOutcome
@@ -155,6 +156,8 @@ def run_ladder_study(tmp_path: Path, space: SearchSpace, n_trials: int) -> tuple
 
 def test_the_study_follows_the_move_that_paid_off_then_moves_the_next_knob_from_the_best(tmp_path) -> None:
     launched, study = run_ladder_study(tmp_path, SPACE, n_trials=5)
+    header, rows = trial_rows(study.study, Objective(kind="capacity"))
+    assert {row[header.index("broke first")] for row in rows} == {"tpot"}
     # Baseline 8192; a quarter (2048) paid off, so one step further (1024). The budget's floor
     # ends that line and half the budget (the same direction) is not tried again; half the
     # sequences then starts from the best so far (1024 batched), not from the baseline, and
@@ -187,9 +190,12 @@ def test_a_study_whose_front_end_fell_behind_tries_more_front_ends_first(tmp_pat
 
     runner, said = FakeRunner(measure), []
     space = SearchSpace({"api_processes": ParamSpec(type="categorical", choices=[1, 2, 4])}, [])
-    search(tmp_path, runner, space, n_trials=3, say=said.append)
+    study = search(tmp_path, runner, space, n_trials=3, say=said.append)
     assert [config.serving.api_processes for config in runner.configs] == [1, 2, 4]
     assert any("api_processes=2" in line and "front end fell behind" in line for line in said), said
+    # The report's trial table says where each config broke.
+    header, rows = trial_rows(study.study, Objective(kind="capacity"))
+    assert {row[header.index("broke first")] for row in rows} == {"ttft, outside the engine"}
 
 
 # -- min-memory: bisecting memory ----------------------------------------------------------
