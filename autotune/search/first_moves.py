@@ -11,11 +11,11 @@ predicts which knob matters, and the baseline's capacity ladder says which SLO b
   sequences (x2, x4), and a larger prefill budget (x2) so a burst of prompts clears faster.
 - **TTFT broke first** without a full batch (prefill-bound, or prefills stuck behind
   decodes): half the budget and a larger one, one move each.
-- **TTFT broke only outside the engine** (`front_end_lag`: over its threshold at the client,
-  within it by vLLM's own count, nothing waiting in the engine), where the space searches
-  `api_processes`: more front-end processes (x2, x4) before the engine's knobs. vLLM's TTFT
-  starts when its front end hands the request on, so what made the miss was spent in the API
-  process. The one case recorded with `vllm serve`: its held-out baseline on an H200 missed
+- **TTFT broke only outside the engine** (`autotune.measure.limits.front_end_lag`: over its
+  threshold at the client, within it by vLLM's own count, nothing waiting in the engine), where
+  the space searches `api_processes`: more front-end processes (x2, x4) before the engine's
+  knobs. vLLM's TTFT starts when its front end hands the request on, so what made the miss was
+  spent in the API process. The one case recorded with `vllm serve`: its held-out baseline on an H200 missed
   this way at 136 req/s (608 ms at the client, 414 in vLLM) and at 193 (1,402 against 460,
   TPOT p95 16 ms), and four API processes carried 537 req/s on the same window
   (results/h200-2026-11-28-front-ends). On our server with one front end the same signature
@@ -47,7 +47,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from autotune.measure.ladder import CapacityResult, LadderStep
+from autotune.measure.ladder import CapacityResult
+from autotune.measure.limits import front_end_lag, limiting_slo
 from autotune.search.space import ParamSpec, SearchSpace
 from workloads.slo import SLO
 
@@ -90,65 +91,6 @@ def rebase(move: Move, space: SearchSpace, best_values: Mapping[str, Any]) -> Mo
     planned from (None when the change leaves that config as it is)."""
     moved = _move(space, best_values, move.knob, move.factor, move.why)
     return None if moved is None else moved.model_copy(update={"follow": move.follow})
-
-
-def limiting_step(capacity: CapacityResult) -> LadderStep | None:
-    """The lowest failing step above the capacity: where the config's limit showed."""
-    passing = capacity.passing_step()
-    failing = [s for s in capacity.steps if not s.passed and (passing is None or s.speedup > passing.speedup)]
-    return min(failing, key=lambda s: s.speedup) if failing else None
-
-
-def front_end_lag(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
-    """Why the front end, not the engine, limited the config (None when it did not): at the
-    limiting step TTFT broke first, over its threshold at the client but within it by vLLM's
-    own histogram (which starts when the front end hands the request to the engine), with no
-    request waiting in the engine. vLLM's side is read at p95 (what the scraper keeps), so only
-    a p95 TTFT SLO is judged."""
-    step = limiting_step(capacity)
-    slo = next((slo for slo in slos if slo.metric == "ttft" and slo.percentile == 95), None)
-    if step is None or slo is None or step.server is None or limiting_slo(capacity, slos) != "ttft":
-        return None
-    client = step.measured_ms.get(slo.spec())
-    engine = step.server.ttft_p95_ms
-    waiting = step.server.num_waiting_max
-    if client is None or engine is None or waiting is None or waiting > 0:
-        return None
-    if not engine <= slo.threshold_ms < client:
-        return None
-    return (f"ttft broke first at {step.offered_rps:.3g} req/s only outside the engine: "
-            f"{client:.0f} ms at the client, {engine:.0f} by vLLM's count, none waiting in it: "
-            f"the front end fell behind")
-
-
-def what_broke_first(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
-    """For the report: the SLO metric that broke first, and where when the engine's own
-    latency still met it ("ttft, outside the engine": `front_end_lag`)."""
-    metric = limiting_slo(capacity, slos)
-    if metric is None:
-        return None
-    return f"{metric}, outside the engine" if front_end_lag(capacity, slos) else metric
-
-
-def limiting_slo(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
-    """The SLO metric that broke first: the one furthest over its threshold at the lowest
-    failing step above the capacity (by missed-request counts when the step was abandoned)."""
-    step = limiting_step(capacity)
-    if step is None:
-        return None
-    worst: tuple[float, str] | None = None
-    for slo in slos:
-        value = step.measured_ms.get(slo.spec())
-        misses = step.summary.slo_violations.get(slo.spec())
-        if step.abandoned and misses is not None:
-            score = misses / max(step.requests, 1)
-        elif value is not None:
-            score = value / slo.threshold_ms
-        else:
-            continue
-        if worst is None or score > worst[0]:
-            worst = (score, slo.metric)
-    return None if worst is None else worst[1]
 
 
 def first_moves(

@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import AutotuneError
-from autotune.search.first_moves import what_broke_first
+from autotune.measure.limits import what_broke_first
 from workloads.slo import SLO, parse_slo, request_tpot_ms
 
 ObjectiveKind = Literal["capacity", "goodput", "throughput", "pareto", "min-memory"]

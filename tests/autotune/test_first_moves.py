@@ -8,9 +8,10 @@ from pathlib import Path
 
 from autotune.decide.report import trial_rows
 from autotune.measure.ladder import CapacityResult, LadderStep
+from autotune.measure.limits import limiting_slo
 from autotune.measure.scraper import ServerMetrics
 from autotune.measure.trial import TrialOutcome
-from autotune.search.first_moves import first_moves, limiting_slo, memory_descent
+from autotune.search.first_moves import first_moves, memory_descent
 from autotune.search.objective import Objective, parse_objective
 from autotune.search.relations import parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
