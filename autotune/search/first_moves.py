@@ -12,15 +12,15 @@ predicts which knob matters, and the baseline's capacity ladder says which SLO b
 - **TTFT broke first** without a full batch (prefill-bound, or prefills stuck behind
   decodes): half the budget and a larger one, one move each.
 - **TTFT broke only outside the engine** (`autotune.measure.limits.front_end_lag`: over its
-  threshold at the client, within it by vLLM's own count, nothing waiting in the engine), where
-  the space searches `api_processes`: more front-end processes (x2, x4) before the engine's
-  knobs. vLLM's TTFT starts when its front end hands the request on, so what made the miss was
-  spent in the API process. The one case recorded with `vllm serve`: its held-out baseline on an H200 missed
-  this way at 136 req/s (608 ms at the client, 414 in vLLM) and at 193 (1,402 against 460,
-  TPOT p95 16 ms), and four API processes carried 537 req/s on the same window
-  (results/h200-2026-11-28-front-ends). On our server with one front end the same signature
-  shows at some limiting steps (results/benchmarks/frontends-h200/*-settle*), where four front
-  ends have not carried more: the move is measured like any other.
+  threshold at the client, within it by vLLM's own count, nothing waiting in the engine),
+  where the space searches `api_processes`: more front-end processes (x2, x4) before the
+  engine's knobs. vLLM's TTFT starts when its front end hands the request on, so what made the
+  miss was spent in the API process. The one case recorded with `vllm serve`: its held-out
+  baseline on an H200 missed this way at 136 req/s (608 ms at the client, 414 in vLLM) and at
+  193 (1,402 against 460, TPOT p95 16 ms), and four API processes carried 537 req/s on the
+  same window (results/h200-2026-11-28-front-ends). On our server with one front end the same
+  signature shows at some limiting steps (results/benchmarks/frontends-h200/*-settle*), where
+  four front ends have not carried more: the move is measured like any other.
 Moves outside the search space are clamped to it; moves equal to the baseline or to one
 already queued are dropped. A move that beats everything measured before it is followed one
 step further the same way (`follow_up`: 8192 -> 2048 paid off, so 1024 next), until a step
