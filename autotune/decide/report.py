@@ -215,7 +215,7 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
         lines += ["", "vLLM's resolved defaults could not be determined (see the tuner's log)."]
 
     lines += ["", "## Validation on the held-out window", ""]
-    lines += _validation_section(inputs)
+    lines += validation_section(inputs)
 
     lines += ["", "## Trials", ""]
     header, rows = trial_rows(study, objective)
@@ -320,7 +320,9 @@ def _window(info: dict[str, Any] | None) -> str:
     return f"{info['start_s']:.0f}-{info['end_s']:.0f} s ({info['requests']} requests)"
 
 
-def _validation_section(inputs: ReportInputs) -> list[str]:
+def validation_section(inputs: ReportInputs) -> list[str]:
+    """The held-out comparison: each config's repeats, median, change against the baseline,
+    spread and eligibility (and, for capacity, what broke first in its repeats)."""
     decision = inputs.decision
     if not inputs.measurements:
         return [f"Not run: {decision.reason}."]
@@ -343,9 +345,16 @@ def _validation_section(inputs: ReportInputs) -> list[str]:
                 "yes" if stats.eligible else f"no: {stats.why_not}",
             ]
         )
+    # What broke first above each config's capacity on the held-out window, repeat by repeat.
+    broke = {name: [m.broke_first or "-" for m in inputs.measurements if m.candidate == name]
+             for name in dict.fromkeys(m.candidate for m in inputs.measurements)}
+    broke_column = any(value != "-" for values in broke.values() for value in values)
+    if broke_column:
+        for row, stats in zip(rows, [*decision.stats, *extra], strict=True):
+            row.append("; ".join(dict.fromkeys(broke.get(stats.candidate, []))) or "-")
     lines = _table(
         ["config", f"{objective.label} per repeat ({objective.unit})", "median", "vs baseline",
-         "spread", "every SLO every repeat"],
+         "spread", "every SLO every repeat", *(["broke first"] if broke_column else [])],
         rows,
     )
     if decision.ci_low is not None:

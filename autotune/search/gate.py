@@ -49,6 +49,7 @@ class Measurement(BaseModel):
     server_s: float | None = None
     # Capacity: the carried rate over the recorded one (below 1: it cannot carry the traffic).
     headroom: float | None = None
+    broke_first: str | None = None  # capacity: the SLO that broke first above it (measure.limits)
     kv_cache_gib: float | None = None  # min-memory: the KV cache vLLM logged at start
     kv_cache_tokens: int | None = None
 

@@ -241,8 +241,8 @@ class GateRunner:
 
 
 # The Evaluation fields a gate Measurement keeps as they are (same names).
-KEPT_FROM_EVALUATION = {"slo_met", "ok", "failure", "margins_ms", "headroom", "kv_cache_gib",
-                        "kv_cache_tokens"}
+KEPT_FROM_EVALUATION = {"slo_met", "ok", "failure", "margins_ms", "headroom", "broke_first",
+                        "kv_cache_gib", "kv_cache_tokens"}
 
 
 def machine_identity() -> str:
