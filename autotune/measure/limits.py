@@ -44,11 +44,11 @@ def front_end_lag(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
 
 def what_broke_first(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:
     """For the report: the SLO metric that broke first, and where when the engine's own
-    latency still met it ("ttft, outside the engine": `front_end_lag`)."""
+    latency still met it ("ttft (outside the engine)": `front_end_lag`)."""
     metric = limiting_slo(capacity, slos)
     if metric is None:
         return None
-    return f"{metric}, outside the engine" if front_end_lag(capacity, slos) else metric
+    return f"{metric} (outside the engine)" if front_end_lag(capacity, slos) else metric
 
 
 def limiting_slo(capacity: CapacityResult, slos: Sequence[SLO]) -> str | None:

@@ -222,8 +222,8 @@ class GateRunner:
             status = "SLOs met" if evaluation.slo_met else slo_text(evaluation)
             if evaluation.headroom is not None:
                 status = f"{evaluation.headroom:.2f}x the recorded rate" + (
-                    "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})"
-                )
+                    f"; above it {evaluation.broke_first} broke first" if evaluation.broke_first else ""
+                ) + ("" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})")
             if self.inputs.objective.kind == "min-memory":
                 status = memory_status(evaluation, self.inputs.objective)
             self.say(

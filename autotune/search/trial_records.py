@@ -150,6 +150,8 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
             status += f", KV cache {kv.describe()}"
     elif trial.user_attrs.get("headroom") is not None:
         status = f"{trial.user_attrs['headroom']:.2f}x the recorded rate"
+        if trial.user_attrs.get("broke_first"):
+            status += f"; above it {trial.user_attrs['broke_first']} broke first"
     if trial.user_attrs.get("move"):
         params = f"first move {trial.user_attrs['move']}: {params}"
     return f"{objective.format_score(score)}, {status} ({params})"

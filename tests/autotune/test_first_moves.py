@@ -195,16 +195,17 @@ def test_a_study_whose_front_end_fell_behind_tries_more_front_ends_first(tmp_pat
     study = search(tmp_path, runner, space, n_trials=3, say=said.append)
     assert [config.serving.api_processes for config in runner.configs] == [1, 2, 4]
     assert any("api_processes=2" in line and "front end fell behind" in line for line in said), said
+    assert any("above it ttft (outside the engine) broke first" in line for line in said), said
     # The report's trial table says where each config broke, and so does its validation table.
     header, rows = trial_rows(study.study, Objective(kind="capacity"))
-    assert {row[header.index("broke first")] for row in rows} == {"ttft, outside the engine"}
+    assert {row[header.index("broke first")] for row in rows} == {"ttft (outside the engine)"}
     result = study.validate(study.study)
-    assert {m.broke_first for m in result.measurements} == {"ttft, outside the engine"}
+    assert {m.broke_first for m in result.measurements} == {"ttft (outside the engine)"}
     table = validation_section(SimpleNamespace(
         decision=result.decision, measurements=result.measurements,
         objective=Objective(kind="capacity"), slos=SLOS))
     assert "broke first |" in table[0] and all(
-        line.endswith("| ttft, outside the engine |") for line in table[2:len(result.decision.stats) + 2])
+        line.endswith("| ttft (outside the engine) |") for line in table[2:len(result.decision.stats) + 2])
 
 
 # -- min-memory: bisecting memory ----------------------------------------------------------
