@@ -127,12 +127,11 @@ def report(logs: list[Iterations], labels: list[str]) -> str:
     lines += ["", "## Every iteration", "", "| log | iterations | with prefill | prefill tokens "
               "p50 / p95 | ms with prefill p50 / p95 | iterations / busy s p50 | share of busy s "
               "inside iterations p50 |", "|---|---|---|---|---|---|---|"]
-    for label, log in zip(labels, logs, strict=True):
+    for label, log, (per_second, inside, _) in zip(labels, logs, seconds, strict=True):
         if len(log) == 0:
             lines.append(f"| {label} | 0 | - | - | - | - | - |")
             continue
         mixed = log.ctx_requests > 0
-        per_second, inside, _ = log.busy_seconds()
         rate = f"{np.median(per_second):.0f}" if len(per_second) else "-"
         share = f"{np.median(inside):.2f}" if len(inside) else "-"
         ctx = log.ctx_tokens[mixed]
