@@ -94,6 +94,7 @@ TARGETS = (0.95, 0.98)  # shares of the grid's best the searches are timed to
 DONE_TARGET = 0.95
 COST_GOAL = 0.25  # the issue: reach 0.95x within 25% of the grid's cost ...
 SEEDS_GOAL = 0.9  # ... in the median and in 18 of 20 seeds
+TELL_APART_Z = 1.2816  # one-sided 90%: how sure a search must be that one config beats another
 BASELINE_LABEL = "baseline"
 SEARCH_ONLY = " - the baseline's result not counted"
 
@@ -1016,6 +1017,7 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
         "judged_as_one": as_one,
         "done_when_judged_otherwise": judged_otherwise,
         "least_share_baseline_first": least_share_baseline_first(table, grid_best, grid_cost),
+        "launches_to_tell_apart": launches_to_tell_apart(table, grid_best),
         "objective": table.objective,
         "settings": table.settings,
         "grid": {"points": len(grid), "feasible_points": len(feasible), "best_score": grid_best,
@@ -1048,6 +1050,24 @@ def least_share_baseline_first(table: Table, grid_best: float, grid_cost: float)
         return base.wall_s / grid_cost
     reaching = [p.wall_s for p in table.grid_points() if p.feasible and p.score >= goal and not p.baseline]
     return (base.wall_s + min(reaching)) / grid_cost if reaching else None
+
+
+def launches_to_tell_apart(table: Table, grid_best: float) -> dict[str, Any] | None:
+    """How many launches of each a search needs to tell the grid's best from the best point below
+    DONE_TARGET x it, at one-sided 90% (TELL_APART_Z): 2 (z sd / gap)^2, with sd the launches'
+    spread within a config (pooled over the configs launched more than once). What one launch per
+    config can resolve on this grid; None without repeated configs or without such a point."""
+    groups = [[run.score if run.feasible else 0.0 for run in p.launches]
+              for p in table.points if len(p.launches) >= 2]
+    below = [p.score for p in table.grid_points() if p.feasible and p.score < DONE_TARGET * grid_best]
+    if not groups or not below:
+        return None
+    freedom = sum(len(g) - 1 for g in groups)
+    sd = math.sqrt(sum(float(np.sum((np.array(g) - np.mean(g)) ** 2)) for g in groups) / freedom)
+    gap = grid_best - max(below)
+    return {"pooled_sd": sd, "configs": len(groups), "launches": sum(len(g) for g in groups),
+            "gap": gap, "below": max(below), "z": TELL_APART_Z,
+            "launches_per_config": math.ceil(2 * (TELL_APART_Z * sd / gap) ** 2)}
 
 
 def conditions(table: Table) -> dict[str, Any]:
@@ -1258,6 +1278,14 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
                       f"the grid's cost"
                       + (f", over the goal's {COST_GOAL:g}: no such search can meet the goal on this grid."
                          if least > COST_GOAL else "."), ""]
+        apart = grid.get("launches_to_tell_apart")
+        if apart is not None:
+            lines += [f"Telling the grid's best ({g['best_score']:.3g} req/s) from the best point under "
+                      f"{DONE_TARGET:g}x it ({apart['below']:.3g}, {apart['gap']:.2g} req/s apart) takes "
+                      f"**{apart['launches_per_config']} launches of each** at one-sided 90%: one config's "
+                      f"launches spread by {apart['pooled_sd']:.2g} req/s (SD within a config, pooled over "
+                      f"the {apart['configs']} configs launched more than once, {apart['launches']} launches). "
+                      "With one launch each, any search tells them apart only by chance.", ""]
         if base and base["feasible"] and base["score"] >= DONE_TARGET * g["best_score"]:
             lines += [f"**vLLM's defaults alone reach {DONE_TARGET:g}x the grid's best** "
                       f"({base['score'] / g['best_score']:.2f}x): every strategy that measures the baseline "

@@ -342,6 +342,12 @@ def test_a_table_with_repeats_replays_each_launch_as_one_of_its_recorded_launche
     # The grid's best is now the best median: 16/512's is 7, so 16/1024's single 8 is the best.
     assert result["grid"]["best_score"] == 8.0 and result["grid"]["best_point"] == "s16-b1024"
     assert result["grid"]["cost_s"] == pytest.approx(8 * POINT_S + (1 + 2 + 2) / 3 * POINT_S)
+    # Launches 10, 6, 7 of one config: SD 2.08; the best points under 0.95x 8 carry 7 (8/512, and
+    # the peak's median), 1 below: 2 (1.28 x 2.08 / 1)^2 = 14.2, so 15 launches of each.
+    apart = result["launches_to_tell_apart"]
+    assert apart["pooled_sd"] == pytest.approx(2.0817, abs=1e-3) and apart["below"] == 7.0
+    assert apart["launches_per_config"] == 15
+    assert "**15 launches of each**" in bench.tables({"grid": result}, 3)
     pooled = bench.pooled(table, bench.load_repeats(table, folder))
     peak = pooled.by_key()[(16, 512)]
     assert peak.score == 7.0 and [p.score for p in peak.launches] == [10.0, 6.0, 7.0]
