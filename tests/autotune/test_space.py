@@ -91,3 +91,21 @@ def test_suggest_gives_engine_values_and_baseline_is_representable() -> None:
     fixed = space.fixed_params({"max_num_seqs": 128, "max_num_batched_tokens": 2048,
                                 "gpu_memory_utilization": 0.1})
     assert fixed == {"log2_max_num_batched_tokens": 11, "gpu_memory_utilization": 0.1}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "scripts" / "gpu").glob("space-*.yaml")),
+                         ids=lambda path: path.name)
+def test_every_committed_space_file_loads_and_proposes_configs_vllm_takes(path: Path, known: frozenset[str]) -> None:
+    """The space files the GPU runs and the README point to: every name an engine argument (or our
+    server's setting), every proposal a config our server's settings accept."""
+    from server.config import ServerConfig
+
+    space = SearchSpace.load(path, "gpu", known_names=known)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=2))
+    for _ in range(10):
+        values = space.suggest(study.ask())
+        assert set(values) == set(space.params)
+        # Validated as a trial's config is when it is read back (engine types, serving settings).
+        ServerConfig.model_validate(ServerConfig(engine={"model": "m"}).with_overrides(values).model_dump())
+    if path.name == "space-long-prefill.yaml":  # the default space plus vLLM's per-request prefill cap
+        assert set(space.params) == {*SearchSpace.default("gpu").params, "long_prefill_token_threshold"}
