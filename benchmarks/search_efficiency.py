@@ -1054,9 +1054,10 @@ def least_share_baseline_first(table: Table, grid_best: float, grid_cost: float)
 
 def launches_to_tell_apart(table: Table, grid_best: float) -> dict[str, Any] | None:
     """How many launches of each a search needs to tell the grid's best from the best point below
-    DONE_TARGET x it, at one-sided 90% (TELL_APART_Z): 2 (z sd / gap)^2, with sd the launches'
-    spread within a config (pooled over the configs launched more than once). What one launch per
-    config can resolve on this grid; None without repeated configs or without such a point."""
+    DONE_TARGET x it: n = 2 (z sd / gap)^2 (z = TELL_APART_Z) makes the better config's mean over n
+    launches come out above the other's 9 times in 10, with sd the launches' spread within a
+    config (pooled over the configs launched more than once, normal noise assumed). What one
+    launch per config can resolve on this grid; None without repeated configs or such a point."""
     groups = [[run.score if run.feasible else 0.0 for run in p.launches]
               for p in table.points if len(p.launches) >= 2]
     below = [p.score for p in table.grid_points() if p.feasible and p.score < DONE_TARGET * grid_best]
@@ -1282,7 +1283,8 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
         if apart is not None:
             lines += [f"Telling the grid's best ({g['best_score']:.3g} req/s) from the best point under "
                       f"{DONE_TARGET:g}x it ({apart['below']:.3g}, {apart['gap']:.2g} req/s apart) takes "
-                      f"**{apart['launches_per_config']} launches of each** at one-sided 90%: one config's "
+                      f"**{apart['launches_per_config']} launches of each** (for their means to order them right "
+                      f"9 times in 10): one config's "
                       f"launches spread by {apart['pooled_sd']:.2g} req/s (SD within a config, pooled over "
                       f"the {apart['configs']} configs launched more than once, {apart['launches']} launches). "
                       "With one launch each, any search tells them apart only by chance.", ""]
