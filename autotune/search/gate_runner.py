@@ -32,6 +32,7 @@ from autotune.search.objective import evaluate
 from autotune.search.study_store import SearchInputs, StudyOptions
 from autotune.search.trial_records import (
     feasible,
+    headroom_status,
     is_baseline,
     memory_of,
     memory_status,
@@ -221,9 +222,8 @@ class GateRunner:
             )
             status = "SLOs met" if evaluation.slo_met else slo_text(evaluation)
             if evaluation.headroom is not None:
-                status = f"{evaluation.headroom:.2f}x the recorded rate" + (
-                    f"; above it {evaluation.broke_first} broke first" if evaluation.broke_first else ""
-                ) + ("" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})")
+                status = headroom_status(evaluation.headroom, evaluation.broke_first) + (
+                    "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})")
             if self.inputs.objective.kind == "min-memory":
                 status = memory_status(evaluation, self.inputs.objective)
             self.say(

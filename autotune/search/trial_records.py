@@ -149,12 +149,15 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
         if kv.gib is not None or kv.tokens is not None:
             status += f", KV cache {kv.describe()}"
     elif trial.user_attrs.get("headroom") is not None:
-        status = f"{trial.user_attrs['headroom']:.2f}x the recorded rate"
-        if trial.user_attrs.get("broke_first"):
-            status += f"; above it {trial.user_attrs['broke_first']} broke first"
+        status = headroom_status(trial.user_attrs["headroom"], trial.user_attrs.get("broke_first"))
     if trial.user_attrs.get("move"):
         params = f"first move {trial.user_attrs['move']}: {params}"
     return f"{objective.format_score(score)}, {status} ({params})"
+
+
+def headroom_status(headroom: float, broke_first: str | None) -> str:
+    """A capacity measurement in a live line: "1.35x the recorded rate; above it tpot broke first"."""
+    return f"{headroom:.2f}x the recorded rate" + (f"; above it {broke_first} broke first" if broke_first else "")
 
 
 def _fmt(value: Any) -> str:
