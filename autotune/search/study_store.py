@@ -397,7 +397,7 @@ class StudyStore:
         for key in ("objective", "slos", "space"):
             if stored.get(key) != current[key]:
                 raise AutotuneError(
-                    f"--resume: study {study.study_name!r} was created with {key} "
+                    f"--resume: study {study.study_name!r} in {self.options.storage_url} was created with {key} "
                     f"{json.dumps(stored.get(key))}, this run asks for {json.dumps(current[key])}; "
                     f"use the same options or a new --study-name"
                 )

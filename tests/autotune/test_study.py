@@ -270,6 +270,9 @@ def study_database(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 @example(damage="overwrite", where=0.5703125, length=1, seed=0)
 # And in a third: one byte of a trial's start time (see test_a_bad_value_inside_an_intact_database...).
 @example(damage="overwrite", where=0.392578125, length=1, seed=1)
+# And in a fourth: one byte of the stored search space ("utilizaEion"), refused as a changed space
+# without naming the database.
+@example(damage="overwrite", where=0.24828017957524054, length=1, seed=162100)
 @given(
     damage=st.sampled_from(["truncate", "overwrite", "zero"]),
     where=st.floats(0, 1, exclude_max=True),
