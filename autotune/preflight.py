@@ -85,7 +85,7 @@ def model_position_limit(model: str | None) -> int | None:
         return None
     path = Path(model) / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):

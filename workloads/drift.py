@@ -211,7 +211,7 @@ def load_reference(path: str | Path) -> TraceProfile | Trace:
         return _profile_from(node, path, "additional-config.vllm_autotune.provenance.profile")
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM, as a trace may
         except (ValueError, UnicodeDecodeError) as error:
             raise WorkloadError(f"{path}: not valid JSON ({type(error).__name__})") from None
         return _profile_from(data, path, "profile")

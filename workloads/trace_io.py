@@ -44,6 +44,9 @@ except ImportError:  # e.g. an offline GPU host's kit without it: every chunk go
 
 _ALLOWED = frozenset(TRACE_FIELDS)
 _REQUIRED = frozenset(TRACE_FIELDS[:3])
+# Editors on Windows (Notepad, Excel's "UTF-8" export) start a file with one; the CSV
+# importers accept it too (`workloads.importers._open_lines`).
+_UTF8_BOM = b"\xef\xbb\xbf"
 # How many rejected lines a `TraceLoad` keeps verbatim (the count is always exact).
 _KEPT_ERRORS = 20
 
@@ -274,7 +277,8 @@ def open_binary(
 def read_trace(
     path: str | os.PathLike[str], *, skip_invalid: bool = False, chunk_lines: int = 1024
 ) -> TraceLoad:
-    """Parse a JSONL trace in chunks of lines. Without `skip_invalid` a bad line raises."""
+    """Parse a JSONL trace in chunks of lines. Without `skip_invalid` a bad line raises
+    (`TraceError`); a UTF-8 byte-order mark at the start of the file is ignored."""
     name = str(path)
     handle = open_binary(
         path,
@@ -314,6 +318,8 @@ def read_trace(
 
     with handle, _gc_paused():
         while chunk := list(islice(handle, chunk_lines)):
+            if lines_read == 0:
+                chunk[0] = chunk[0].removeprefix(_UTF8_BOM)
             flush(lines_read + 1, chunk)
             lines_read += len(chunk)
     if builder.n == 0:
