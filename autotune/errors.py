@@ -9,6 +9,9 @@ own outcome codes 3, 10 and 11, see autotune.retune):
     2    bad input, refused before any server started (AutotuneError and friends)
     12   nothing could be measured: the baseline failed (request errors over the limit, a
          crash, an engine that would not start); no best.yaml was written
+    13   the environment failed, not a config: a trial's server died on a missing module,
+         a CUDA or driver error or a broken install; the study stopped after that trial,
+         keeping what it measured; fix the install, then `--resume`
     130  stopped by Ctrl-C (SIGINT); 143 by SIGTERM; 129 by SIGHUP (128 + the signal number):
          the running trial's server was stopped and the trial closed; `--resume` continues
 """
@@ -21,6 +24,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOTHING_MEASURED = 12
+EXIT_ENVIRONMENT = 13
 
 # The epilog of `autotune --help` and of `autotune run|retune|worker|finalize --help`.
 EXIT_CODES_HELP = """\
@@ -31,6 +35,9 @@ exit status:
   2    bad input, refused before any server started (one line: the figure and the fix)
   12   nothing could be measured: the baseline failed (request errors over the limit, a
        crash, no engine start); no best.yaml was written, report.md says why
+  13   the environment failed, not a config (a missing module, a CUDA or driver error):
+       the study stopped after that trial, keeping what it measured; fix the install,
+       then --resume
   130  stopped by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP: the trial's server was stopped
        and the trial closed; --resume continues the study
   retune also: 0 no drift (nothing started), 3 drift found (--dry-run), 10 a new config
@@ -67,3 +74,10 @@ class AutotuneError(VllmAutotuneError):
 class NothingMeasured(VllmAutotuneError):
     """The baseline could not be measured, so no figure of the study can be trusted and
     nothing is exported. The message is one line: what failed and what to look at."""
+
+
+class EnvironmentFailure(VllmAutotuneError):
+    """A trial's server died of the install or the machine (a missing module, a CUDA or
+    driver error), which would fail every config alike: the study stops after that trial
+    (exit 13), its measured trials kept for `--resume`. The message is one line: the trial,
+    the module or error, and the fix."""

@@ -40,6 +40,7 @@ from autotune.measure.server_start import (
     SERVER_NICE,
     StartFailureKind,
     classify_exit,
+    environment_problem,
     free_port,
     headline,
     log_tail,
@@ -189,13 +190,18 @@ class ServerProcess:
             if -code == signal.SIGKILL:
                 how += ": the kernel's OOM killer, or another process"
             how += ")"
-        return ServerStartFailed(kind, f"{how}: {headline(tail)}", log_tail=tail)
+        what = headline(tail)
+        problem = environment_problem(tail) if kind == "environment" else None
+        if problem is not None and problem not in what:
+            what = f"{problem}; {what}"  # the module or error first: what the user must fix
+        return ServerStartFailed(kind, f"{how}: {what}", log_tail=tail)
 
     def wait_ready(self, timeout_s: float, *, poll_s: float = 0.25) -> float:
         """Block until `/health` answers 200; return seconds since spawn.
 
         Raises ServerStartFailed: "start_timeout" after `timeout_s`, or the classified exit
-        ("crash", "oom", "port_in_use") as soon as the process dies.
+        ("crash", "oom", "port_in_use", "invalid_config", "environment") as soon as the process
+        dies.
         """
         deadline = self.spawned_at + timeout_s
         # trust_env=False: a proxy from the environment must not stand between us and it.

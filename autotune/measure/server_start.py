@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config"]
+StartFailureKind = Literal["oom", "start_timeout", "crash", "port_in_use", "invalid_config", "environment"]
 IPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its ZMQ IPC sockets (default: the temp folder)
 
 # What vLLM, torch and the OS write when memory (GPU, CPU or KV cache) runs out.
@@ -44,6 +44,33 @@ _PORT_IN_USE = re.compile(r"address already in use|\[Errno 98\]|\[Errno 48\]", r
 # vLLM validates engine arguments in pydantic config classes: a rejected combination (e.g.
 # max_num_batched_tokens < max_num_seqs) is the config's fault, not a crash.
 _INVALID_CONFIG = re.compile(r"validation error for \w*Config\b|ConfigError")
+# The install or the machine, not the config: a module the configured code path imports is
+# missing (vLLM's fp8 path imports loguru through compressed-tensors: an H200 trial died on it
+# and was recorded as invalid_config), a broken build (a missing symbol or shared library, a
+# kernel not built for this GPU), or no usable CUDA driver or device. Every later trial would
+# fail alike. A CUDA error that one kernel raises at run time (an illegal memory access) is
+# left out: it can follow from a config's batch shapes, and is a crash of that config.
+_ENVIRONMENT = re.compile(
+    "|".join(
+        [
+            r"ModuleNotFoundError",
+            r"No module named",
+            r"ImportError: cannot import name",
+            r"undefined symbol",
+            r"cannot open shared object file",
+            r"no kernel image is available for execution on the device",
+            r"Found no NVIDIA driver",
+            r"NVIDIA driver on your system is too old",
+            r"CUDA driver version is insufficient",
+            r"no CUDA-capable device is detected",
+            r"No CUDA GPUs are available",
+            r"CUDA driver initialization failed",
+            r"cudaErrorInsufficientDriver|cudaErrorNoDevice|CUDA_ERROR_NO_DEVICE|CUDA_ERROR_NOT_INITIALIZED",
+            r"Failed to infer device type",
+        ]
+    )
+)
+_MISSING_MODULE = re.compile(r"No module named '?([\w.]+)'?")
 _PYDANTIC_REASON = re.compile(r"^\s*Value error, ")
 _ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*:|^\S*error:|^\S*Error\b")
 _LOG_TAIL_LINES = 40
@@ -109,10 +136,27 @@ def classify_exit(returncode: int | None, tail: Sequence[str]) -> StartFailureKi
         return "oom"
     if _PORT_IN_USE.search(text):
         return "port_in_use"
+    # Before invalid_config: our server exits 2 on an import that fails while vLLM builds its
+    # config ("vLLM rejected the engine settings: No module named 'loguru'").
+    if _ENVIRONMENT.search(text):
+        return "environment"
     # Exit code 2: the server's own "bad config file" exit, as for the autotune CLI.
     if returncode == 2 or _INVALID_CONFIG.search(text):
         return "invalid_config"
     return "crash"
+
+
+def environment_problem(tail: Sequence[str]) -> str | None:
+    """What an `environment` failure's log says, in one line: "missing module 'loguru'" where a
+    module is missing, else the log line that names the problem; None when nothing does."""
+    for line in reversed(tail):
+        found = _MISSING_MODULE.search(line)
+        if found:
+            return f"missing module '{found.group(1)}'"
+    for line in reversed(tail):
+        if _ENVIRONMENT.search(line):
+            return line.strip()
+    return None
 
 
 def yield_cpu_to_clients(pid: int, nice: int = SERVER_NICE) -> None:

@@ -82,6 +82,7 @@ FailureKind = Literal[
     "interrupted",
     "pruned",
     "client_lag",  # the replayer fell behind its schedule: the run is not scored
+    "environment",  # the install or the machine (a missing module, no CUDA driver): stops the study
 ]
 
 # Warm-up requests: short, so they touch every code path (prefill, decode, streaming) fast.

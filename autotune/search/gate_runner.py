@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.errors import EnvironmentFailure
 from autotune.measure.ladder import recorded_rate
 from autotune.search.gate import (
     BASELINE,
@@ -28,7 +29,7 @@ from autotune.search.gate import (
     decide_min_memory,
     round_robin,
 )
-from autotune.search.objective import evaluate
+from autotune.search.objective import STUDY_STOPPING_FAILURES, evaluate
 from autotune.search.study_store import SearchInputs, StudyOptions
 from autotune.search.trial_records import (
     feasible,
@@ -220,6 +221,12 @@ class GateRunner:
             write_text_atomic(
                 record, json.dumps([m.model_dump() for m in measurements], indent=2) + "\n"
             )
+            if outcome.failure in STUDY_STOPPING_FAILURES:
+                # The install or the machine: every later run would die alike (the runs so far
+                # are in `record`, which --resume reuses).
+                raise EnvironmentFailure(f"gate run {name} repeat {repeat + 1}: {outcome.failure_detail}; "
+                                         "the install or the machine, not the config: fix it, then "
+                                         "rerun with --resume")
             status = "SLOs met" if evaluation.slo_met else slo_text(evaluation)
             if evaluation.headroom is not None:
                 status = headroom_status(evaluation.headroom, evaluation.broke_first) + (

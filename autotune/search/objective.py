@@ -52,6 +52,9 @@ DEFAULT_GPU_SLOS: tuple[str, ...] = ("ttft_p95_ms=500", "tpot_p95_ms=50")
 # region (COMPLETE + violated constraint). The others (a busy port, a Ctrl-C) say nothing about
 # the config and are recorded as FAIL, which TPE ignores.
 CONFIG_FAILURES = frozenset({"oom", "start_timeout", "crash", "http_errors", "invalid_config"})
+# Failures of the install or the machine (a missing module, a CUDA or driver error): they say
+# nothing about the config and would fail every trial alike, so the study stops after one.
+STUDY_STOPPING_FAILURES = frozenset({"environment"})
 
 _MIN_MEMORY = re.compile(r"^min-memory(?::(?P<headroom>.+?)x?)?$")
 # The engine argument min-memory minimises (on CPU: the share of NUMA-node memory vLLM reserves).

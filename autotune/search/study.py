@@ -32,6 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.errors import EnvironmentFailure
 from autotune.measure.ladder import CapacityResult
 from autotune.measure.signals import stop_reason
 from autotune.progress import format_duration, progress_line
@@ -39,6 +40,7 @@ from autotune.search.first_moves import MEMORY, Move, first_moves, follow_up, me
 from autotune.search.gate_runner import GateRunner, Runner, ValidationResult
 from autotune.search.objective import (
     CONFIG_FAILURES,
+    STUDY_STOPPING_FAILURES,
     Evaluation,
     evaluate,
     invalid_config_evaluation,
@@ -183,8 +185,27 @@ class TuningStudy:
             durations.append(self.clock() - trial_start)
             device_costs.append(self.device_seconds(frozen))
             self.say(self._progress(study, frozen, start, durations, device_costs))
+            self._stop_on_environment(frozen, start, earlier_s)
         self.search_wall_s = (self.clock() - start) + earlier_s
         return study
+
+    def _stop_on_environment(self, trial: FrozenTrial, start: float, earlier_s: float) -> None:
+        """Raise EnvironmentFailure after a trial whose server died of the install or the
+        machine (STUDY_STOPPING_FAILURES): every later config would die alike. The trial is
+        told FAIL (TPE learns nothing from it) and every trial before it stays measured."""
+        failure = trial.user_attrs.get("failure")
+        if failure not in STUDY_STOPPING_FAILURES:
+            return
+        self.search_wall_s = (self.clock() - start) + earlier_s
+        detail = trial.user_attrs.get("failure_detail") or failure
+        study = self.study
+        kept = 0 if study is None else sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+        self.say(f"{trial_label(trial.number)}: {failure} failure, not the config's: stopping the study")
+        raise EnvironmentFailure(
+            f"{trial_label(trial.number)}: {detail}; this is the install or the machine, not the "
+            f"config: fix it (e.g. install the missing module), then rerun with --resume "
+            f"({kept} measured trial{'' if kept == 1 else 's'} kept)"
+        )
 
     def device_seconds(self, trial: FrozenTrial) -> float:
         """Accelerator-seconds a trial held: its wall time (0 when never launched) x the
