@@ -31,7 +31,8 @@ Timing rules (the same as `vllm bench serve` unless said otherwise):
   gaps (as `vllm bench serve` does) and only `output_tokens` (from `usage`) is exact.
 - E2E: from send to the end of the stream (`[DONE]`).
 - Output tokens: `usage.completion_tokens` when the server sends usage, else the tokens
-  counted from chunks.
+  counted from chunks. Each record keeps both counts (`usage_tokens`, `chunk_tokens`) so
+  that `workloads.reconcile` can tell a run whose counts cannot be trusted.
 
 HTTP client: one pooled `aiohttp.ClientSession` (HTTP/1.1 keep-alive; closed loop: N
 connections; timed: unbounded, so the pool never queues a request unseen). httpx was the
@@ -359,6 +360,8 @@ class ReplayRun:
             e2e_ms=None if error is not None else (end - sent) * 1e3,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
+            usage_tokens=stream.usage_completion_tokens,
+            chunk_tokens=stream.chunk_tokens,
             status=status,
             error=error,
             cancelled=cancelled,

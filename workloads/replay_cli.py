@@ -6,21 +6,29 @@
         [--api-key KEY] [--out requests.jsonl]
 
 With `--out FILE` the per-request records go to FILE (JSONL) and the summary to
-FILE with `.summary.json` in place of its suffix.
+FILE with `.summary.json` in place of its suffix: `vllm bench serve`'s keys and ours, plus
+`reconciliation` (workloads.reconcile.Reconciliation).
+
+SLO lines judge the run over completed *and failed* requests (a failed request meets no SLO)
+and say over how many: `ttft_p95_ms=500: MISSED (9 of 60 over or failed; at most 2 may miss)`.
+A run whose requests or tokens do not add up (workloads.reconcile) prints a WARNING line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 from pathlib import Path
 
 from workloads.errors import WorkloadError
+from workloads.files import write_text_atomic
+from workloads.reconcile import Reconciliation, reconcile
 from workloads.replay import ReplayMode, ReplayOptions, replay
-from workloads.replay_summary import ReplayResult, ReplaySummary
-from workloads.slo import parse_slos
+from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary, write_records
+from workloads.slo import allowed_misses, parse_slo, parse_slos
 from workloads.trace_io import load_trace
 
 
@@ -97,12 +105,23 @@ def run(args: argparse.Namespace) -> int:
                             model=args.model, benchmark_mode=args.benchmark_mode,
                             api_token=args.api_key, timeout_s=args.timeout)
     result = asyncio.run(replay(trace, args.url, options))
-    print(format_summary(result.summary, title=f"Replay of {trace.source} ({mode})"))
+    reconciliation = reconcile(trace, result, benchmark_mode=options.benchmark_mode)
+    print(format_summary(result.summary, title=f"Replay of {trace.source} ({mode})",
+                         reconciliation=reconciliation))
     if args.out is not None:
-        result.write(args.out, summary_path(args.out))
+        write_result(result, reconciliation, args.out)
         print(f"records: {args.out}\nsummary: {summary_path(args.out)}")
     _print_errors(result)
     return 0
+
+
+def write_result(result: ReplayResult, reconciliation: Reconciliation, out: Path) -> None:
+    """The records to `out` (JSONL) and the summary with its `reconciliation` beside them
+    (`summary_path(out)`), each written atomically."""
+    write_records(out, result.records)
+    payload = result.summary.model_dump(mode="json")
+    payload["reconciliation"] = reconciliation.model_dump(mode="json")
+    write_text_atomic(summary_path(out), json.dumps(payload, indent=2) + "\n")
 
 
 def _print_errors(result: ReplayResult) -> None:
@@ -114,8 +133,11 @@ def _print_errors(result: ReplayResult) -> None:
         print(f"  {count} x {error}")
 
 
-def format_summary(summary: ReplaySummary, *, title: str = "Replay") -> str:
-    """The `vllm bench serve` result table."""
+def format_summary(
+    summary: ReplaySummary, *, title: str = "Replay", reconciliation: Reconciliation | None = None
+) -> str:
+    """The `vllm bench serve` result table, then each SLO's verdict with its denominator and,
+    given one, the run's reconciliation with a WARNING line per problem or warning."""
     width = 50
     lines = [f"{' ' + title + ' ':=^{width}}"]
 
@@ -153,8 +175,51 @@ def format_summary(summary: ReplaySummary, *, title: str = "Replay") -> str:
     if summary.client_lagging:
         lines.append("WARNING: the replayer lagged its schedule; figures reflect the client too")
     if summary.slo_met:
-        lines.append(f"{'SLOs (run percentiles)':-^{width}}")
+        lines.append(f"{'SLOs (failed requests count as misses)':-^{width}}")
         for spec, met in summary.slo_met.items():
-            row(f"{spec}:", "met" if met else "MISSED")
+            lines.append(slo_line(summary, spec, met))
+    if reconciliation is not None:
+        lines.extend(reconciliation_lines(reconciliation, width))
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+def slo_line(summary: ReplaySummary, spec: str, met: bool) -> str:
+    """`ttft_p95_ms=500: MISSED (9 of 60 over or failed; at most 2 may miss)`: the verdict
+    and the requests it was judged over (`ReplaySummary.slo_requests`)."""
+    slo = parse_slo(spec)
+    verdict = "met" if met else "MISSED"
+    judged = summary.slo_requests.get(spec)
+    if judged is None:  # a summary written before the denominators were kept
+        return f"{spec}: {verdict}"
+    if judged == 0:
+        return f"{spec}: {verdict} (nothing measured)"
+    allowed = allowed_misses(judged, slo.percentile)
+    if slo.metric not in PER_REQUEST_METRICS:
+        # A percentile of token gaps: failures are judged by count beside it.
+        return (f"{spec}: {verdict} (p{slo.percentile:g} of the token gaps of {summary.completed} "
+                f"completed requests; {summary.failed} of {judged} failed, at most {allowed} may)")
+    missed = summary.slo_violations.get(spec, 0)
+    detail = f"{missed} of {judged} over or failed"
+    if met and missed > allowed:  # the percentile interpolates between a value within and one over
+        return f"{spec}: {verdict} ({detail}; the p{slo.percentile:g} still falls within)"
+    return f"{spec}: {verdict} ({detail}; at most {allowed} may miss)"
+
+
+def reconciliation_lines(reconciliation: Reconciliation, width: int = 50) -> list[str]:
+    """The reconciliation block of `format_summary`."""
+    r = reconciliation
+    source = r.tokens_source or "none completed"
+    lines = [
+        f"{'Reconciliation':-^{width}}",
+        f"{'Requests planned / sent:':<30}{f'{r.planned} / {r.sent}':>20}",
+        f"{'Completed / failed / cancelled:':<30}{f'{r.completed} / {r.failed} / {r.cancelled}':>20}",
+        f"{'Output tokens requested:':<30}{f'{r.tokens_requested:,}':>20}",
+        f"{'Output tokens received:':<30}{f'{r.tokens_received:,} ({source})':>20}",
+    ]
+    if r.chunk_vs_usage is not None:
+        lines.append(f"{'Chunk count vs usage:':<30}{f'{r.chunk_vs_usage:+.1%}':>20}")
+    if r.problem is not None:
+        lines.append(f"WARNING: this run must not be scored: {r.problem}")
+    lines.extend(f"WARNING: {warning}" for warning in r.warnings)
+    return lines

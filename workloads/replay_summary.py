@@ -38,7 +38,14 @@ class RequestRecord(BaseModel):
     itl_ms: list[float] = []
     e2e_ms: float | None = None
     input_tokens: int
+    # The answer's tokens: `usage_tokens` when the server sent usage, else `chunk_tokens`.
     output_tokens: int = 0
+    # Both counts, kept for the run's reconciliation (workloads.reconcile): the server's
+    # `usage.completion_tokens` (None: it sent none) and the tokens counted from the stream's
+    # chunks (`token_ids` lengths, else one per chunk with text; None: records written before
+    # these fields existed).
+    usage_tokens: int | None = None
+    chunk_tokens: int | None = None
     status: int | None = None
     error: str | None = None
     # In flight when the replay was stopped early (on_progress returned True): neither
@@ -84,7 +91,13 @@ class ReplaySummary(BaseModel):
     send_lag_max_ms: float | None = None
     client_lagging: bool = False
     client_processes: int = 1  # replayer processes that sent the run (workloads.replay_workers)
+    # SLO spec -> the run meets it: its percentile over completed *and failed* requests, a
+    # failed request counting as a miss (workloads.slo.slo_met); the latency figures above are
+    # over completed requests only, as `vllm bench serve` has them.
     slo_met: dict[str, bool] = {}
+    # SLO spec -> the requests that check was over (its denominator): completed requests with a
+    # value of the metric (TPOT: answers of 2+ tokens) plus the failed ones.
+    slo_requests: dict[str, int] = {}
     # SLO spec -> requests known to miss it (failed, finished over the threshold, or, in a
     # progress summary, still waiting past it); per-request metrics only (not itl). More
     # than (100 - percentile)% of `planned` means the SLO's percentile is missed already.
@@ -200,6 +213,11 @@ class Tally:
             list(self.violations),
         )
 
+    def _judged(self, slo: SLO, metrics: dict[str, np.ndarray]) -> int:
+        if slo.metric == "itl":
+            return self.completed + self.failed
+        return int(metrics[slo.metric].size) + self.failed
+
     def summary(
         self,
         duration_s: float,
@@ -238,7 +256,12 @@ class Tally:
             send_lag_p99_ms=lag_p99,
             send_lag_max_ms=lag_max,
             client_lagging=lag_p99 is not None and lag_p99 > CLIENT_LAG_WARN_MS,
-            slo_met={slo.spec(): slo_met(metrics[slo.metric], slo) for slo in self.slos},
+            slo_met={
+                slo.spec(): slo_met(metrics[slo.metric], slo, failed=self.failed,
+                                    requests=self.completed + self.failed)
+                for slo in self.slos
+            },
+            slo_requests={slo.spec(): self._judged(slo, metrics) for slo in self.slos},
             slo_violations={
                 slo.spec(): self.violations[k] + (late[k] if late else 0)
                 for k, slo in enumerate(self.slos)
@@ -259,7 +282,8 @@ def summarize(
 ) -> ReplaySummary:
     """Aggregate records over a run that lasted `duration_s` seconds.
 
-    Completed requests give the latency figures and goodput; failed ones only count;
+    Completed requests give the latency figures and goodput; failed ones count, and count
+    against every SLO (`slo_met`, `slo_violations`);
     cancelled ones (in flight when the run was stopped) are neither; send lag covers all.
     """
     tally = Tally(tuple(slos))

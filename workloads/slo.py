@@ -6,12 +6,19 @@ Two questions, two answers (the same as `vllm bench serve --goodput`):
   threshold. TTFT and E2E latency are single numbers per request; TPOT per request is
   `(e2e - ttft) / (output_tokens - 1)`; a request has many inter-token gaps, so for an ITL
   SLO its own gaps are summarised with the SLO's percentile. A failed request is never good.
-- Does a *run* meet an SLO? The run's `percentile` of the metric over all completed
-  requests is <= the threshold.
+- Does a *run* meet an SLO? The run's `percentile` of the metric is <= the threshold, over
+  every request that completed or failed: a failed request meets no SLO, so it counts as
+  infinitely slow (`run_percentile_ms`). `vllm bench serve` takes its percentiles over
+  completed requests only, so a server failing 10% of requests would meet every p95 there;
+  the latency figures of a summary (`p95_ttft_ms`, ...) stay over completed requests, under
+  their `vllm bench serve` names. ITL is a percentile of token gaps, not of requests: its
+  run check is the gaps' percentile and, on top, no more failed requests than the
+  percentile lets miss (`allowed_misses`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Literal, Protocol
@@ -148,12 +155,56 @@ def request_is_good(record: MeasuredRequest, slos: Sequence[SLO]) -> bool:
     return True
 
 
-def slo_met(values: Sequence[float] | np.ndarray, slo: SLO) -> bool:
-    """True when the `slo.percentile` of `values` (the run's values of its metric) is within.
+def allowed_misses(requests: int, percentile: float) -> int:
+    """How many of `requests` may miss a threshold (fail, or be over it) while the run's
+    `percentile` still holds for certain: numpy's linear percentile of n values is at or under
+    T when at most floor((n - 1) * (1 - percentile / 100)) of them exceed T. (One miss more
+    can still pass by interpolation when the values either side of the rank are close.)"""
+    if requests <= 0:
+        return 0
+    return int(math.floor((requests - 1) * (1.0 - percentile / 100.0) + 1e-9))
 
+
+def run_percentile_ms(
+    values: Sequence[float] | np.ndarray, percentile: float, *, failed: int = 0
+) -> float | None:
+    """The `percentile` (numpy's linear interpolation) of `values` (ms, one per completed
+    request) and `failed` more requests counted as infinitely slow: `math.inf` when the
+    percentile reaches into the failures, None when there is nothing to judge. With no
+    failures it is exactly `np.percentile(values, percentile)`."""
+    array = np.asarray(values, dtype=np.float64)
+    if failed <= 0:
+        return float(np.percentile(array, percentile)) if array.size else None
+    ordered = np.sort(array)
+    n = ordered.size + failed
+    rank = (n - 1) * percentile / 100.0
+    low = int(math.floor(rank + 1e-9))
+    fraction = max(rank - low, 0.0)
+    if low >= ordered.size:
+        return math.inf
+    if fraction < 1e-9:
+        return float(ordered[low])
+    if low + 1 >= ordered.size:
+        return math.inf  # interpolating towards a failure
+    return float(ordered[low] + (ordered[low + 1] - ordered[low]) * fraction)
+
+
+def slo_met(
+    values: Sequence[float] | np.ndarray, slo: SLO, *, failed: int = 0, requests: int = 0
+) -> bool:
+    """True when the run meets `slo`. `values`: the run's values of its metric over completed
+    requests (ms; token gaps for ITL); `failed`: requests that failed, which meet no SLO;
+    `requests`: completed + failed (read by the ITL rule only).
+
+    TTFT, TPOT, E2E: `run_percentile_ms(values, percentile, failed=failed)` <= threshold.
+    ITL: the gaps' percentile <= threshold, and `failed` <= `allowed_misses(requests, ...)`.
     No values means nothing was measured, which cannot meet an objective.
     """
     array = np.asarray(values, dtype=np.float64)
     if array.size == 0:
         return False
-    return bool(np.percentile(array, slo.percentile) <= slo.threshold_ms)
+    if slo.metric == "itl":
+        within = float(np.percentile(array, slo.percentile)) <= slo.threshold_ms
+        return within and failed <= allowed_misses(max(requests, failed), slo.percentile)
+    value = run_percentile_ms(array, slo.percentile, failed=failed)
+    return value is not None and value <= slo.threshold_ms

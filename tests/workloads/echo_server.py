@@ -14,6 +14,9 @@ Behaviour is chosen per request by a path prefix, so one server serves every tes
         ids     1: each chunk carries `token_ids` (its token count)    (default 0)
         empty   1: send an empty-text chunk at once, before the first token
         status  answer every request with this HTTP status and a JSON error body
+        failevery  answer every Nth request of the tag (N, 2N, ...) with HTTP 400 and a JSON
+                error body, the others normally                         (default: none)
+        usage   0: send no usage chunk at the end                      (default 1)
         err     after this many tokens, send an error event (as vLLM does) and [DONE]
         tag     name under which requests are counted (default: the whole prefix)
     GET /tag=a/stats -> {"requests", "in_flight", "max_in_flight", "last_body",
@@ -25,7 +28,7 @@ Behaviour is chosen per request by a path prefix, so one server serves every tes
 
 Token k (0-based) is sent at request time + ttft + k*itl on absolute deadlines, so the
 end-to-end time is ttft + (n-1)*itl however long each write took. Exactly `max_tokens`
-tokens are sent, then a usage chunk and `data: [DONE]`.
+tokens are sent, then a usage chunk (unless usage=0) and `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class Options:
     empty: bool = False
     status: int = 200
     err: int | None = None
+    fail_every: int | None = None
+    usage: bool = True
     tag: str = ""
 
     @classmethod
@@ -77,6 +82,10 @@ class Options:
                 options.status = int(value)
             elif key == "err":
                 options.err = int(value)
+            elif key == "failevery":
+                options.fail_every = int(value)
+            elif key == "usage":
+                options.usage = value == "1"
             elif key == "tag":
                 options.tag = value
             else:
@@ -143,6 +152,8 @@ class EchoServer:
         try:
             if options.status != 200:
                 await self.respond_json(writer, options.status, {"error": "injected failure"})
+            elif options.fail_every and stats.requests % options.fail_every == 0:
+                await self.respond_json(writer, 400, {"error": "injected failure (every Nth)"})
             else:
                 await self.stream(writer, options, request, timing["tokens"])
         finally:
@@ -201,7 +212,7 @@ class EchoServer:
             "completion_tokens": n,
             "total_tokens": len(request["prompt"]) + n,
         }
-        if options.err is None:
+        if options.err is None and options.usage:
             await event({"object": "text_completion", "choices": [], "usage": usage})
         await event("[DONE]")
         writer.write(b"0\r\n\r\n")

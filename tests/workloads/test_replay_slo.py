@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from workloads.errors import WorkloadError
 from workloads.replay_summary import RequestRecord
-from workloads.slo import SLO, parse_slo, parse_slos, request_is_good, slo_met
+from workloads.slo import (
+    SLO,
+    allowed_misses,
+    parse_slo,
+    parse_slos,
+    request_is_good,
+    run_percentile_ms,
+    slo_met,
+)
 
 
 def record(**fields) -> RequestRecord:
@@ -92,3 +101,43 @@ def test_run_meets_an_slo_when_its_percentile_is_within() -> None:
     assert not slo_met(values, parse_slo("ttft_p99_ms=90"))
     assert slo_met(values, parse_slo("ttft_p100_ms=100"))
     assert not slo_met([], parse_slo("ttft_p50_ms=1000"))
+
+
+def test_failed_requests_count_as_misses_of_a_run_percentile() -> None:
+    # The case: 53 fast answers and 7 HTTP 400s of 60. Over the completed ones the
+    # p95 holds; a failed request meets no SLO, so over all 60 it cannot (7 > 2 allowed).
+    fast = [100.0] * 53
+    slo = parse_slo("ttft_p95_ms=500")
+    assert slo_met(fast, slo)
+    assert not slo_met(fast, slo, failed=7)
+    assert allowed_misses(60, 95) == 2
+    assert slo_met(fast + [100.0] * 5, slo, failed=2)  # 2 of 60 may miss
+    assert not slo_met([], slo, failed=3)
+
+
+def test_failed_requests_count_against_an_itl_slo_by_request() -> None:
+    gaps = [5.0] * 1000  # every token gap fast
+    slo = parse_slo("itl_p95_ms=50")
+    assert slo_met(gaps, slo, failed=2, requests=60)
+    assert not slo_met(gaps, slo, failed=3, requests=60)
+
+
+@given(
+    values=st.lists(st.floats(min_value=0, max_value=1000), min_size=1, max_size=40),
+    failed=st.integers(min_value=0, max_value=6),
+    percentile=st.sampled_from([50, 90, 95, 99, 100]),
+)
+def test_run_percentile_is_numpys_with_failures_as_infinitely_slow(
+    values: list[float], failed: int, percentile: float
+) -> None:
+    got = run_percentile_ms(values, percentile, failed=failed)
+    # Failures as a value far above any threshold: the same percentile, or far above too.
+    stand_in = float(np.percentile(values + [1e15] * failed, percentile))
+    if got == float("inf"):
+        assert stand_in > 1000
+    else:
+        assert got == pytest.approx(stand_in, rel=1e-9, abs=1e-9)
+    # Within the count the percentile allows, the run holds for certain.
+    slo = SLO(metric="ttft", percentile=percentile, threshold_ms=1000)
+    if failed <= allowed_misses(len(values) + failed, percentile):
+        assert slo_met(values, slo, failed=failed)
