@@ -9,8 +9,10 @@ from collections.abc import Callable, Sequence
 from autotune.errors import (
     EXIT_BAD_INPUT,
     EXIT_CODES_HELP,
+    EXIT_ENVIRONMENT,
     EXIT_NOTHING_MEASURED,
     AutotuneError,
+    EnvironmentFailure,
     HelpFormatter,
     NothingMeasured,
 )
@@ -18,9 +20,9 @@ from autotune.measure.server_start import private_ipc_folder
 from autotune.measure.signals import exit_code, stop_reason, stop_signals_as_interrupt
 from server.config import ConfigError
 from workloads.errors import WorkloadError
+from workloads.pipes import run_closing_quietly
 
 USER_ERRORS = (AutotuneError, WorkloadError, ConfigError)
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; its exit code (see EXIT_CODES_HELP). A closed stdout pipe (`| head -1`)
+    ends it quietly with EXIT_CLOSED_PIPE, as standard tools end."""
+    return run_closing_quietly(lambda: _run(argv))
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -58,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except EnvironmentFailure as error:
+        print(f"autotune: environment failure: {error}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except NothingMeasured as error:
         print(f"autotune: nothing could be measured: {error}", file=sys.stderr)
         return EXIT_NOTHING_MEASURED

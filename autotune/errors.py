@@ -14,6 +14,8 @@ own outcome codes 3, 10 and 11, see autotune.retune):
          keeping what it measured; fix the install, then `--resume`
     130  stopped by Ctrl-C (SIGINT); 143 by SIGTERM; 129 by SIGHUP (128 + the signal number):
          the running trial's server was stopped and the trial closed; `--resume` continues
+    141  stdout's reader went away (`| head -1`): every command ends quietly, as if killed
+         by SIGPIPE (128 + 13), as standard tools do
 """
 
 import argparse
@@ -40,6 +42,7 @@ exit status:
        then --resume
   130  stopped by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP: the trial's server was stopped
        and the trial closed; --resume continues the study
+  141  the reader of stdout went away (`| head -1`): a quiet stop, as SIGPIPE gives
   retune also: 0 no drift (nothing started), 3 drift found (--dry-run), 10 a new config
        was written, 11 drift but the deployed config stays (capacity objective: it still
        carries --headroom x the current traffic, one launch, no study; or no config beat it)"""

@@ -16,6 +16,7 @@ from typing import Any
 
 from workloads.errors import WorkloadError
 from workloads.files import write_text_atomic
+from workloads.pipes import run_closing_quietly
 from workloads.trace import Trace
 from workloads.trace_io import TraceWarning, read_trace, write_trace
 
@@ -308,6 +309,10 @@ def _drift(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The traffic commands alone (`python -m workloads.cli ...`), same exit codes as
     `autotune`: for environments that install only `workloads`."""
+    return run_closing_quietly(lambda: _run(argv))
+
+
+def _run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workloads.cli")
     register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     args = parser.parse_args(argv)
