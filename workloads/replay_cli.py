@@ -198,7 +198,7 @@ def slo_line(summary: ReplaySummary, spec: str, met: bool) -> str:
     if slo.metric not in PER_REQUEST_METRICS:
         # A percentile of token gaps: failures are judged by count beside it.
         return (f"{spec}: {verdict} (p{slo.percentile:g} of the token gaps of {summary.completed} "
-                f"completed requests; {summary.failed} of {judged} failed, at most {allowed} may)")
+                f"completed requests; {summary.failed} of {judged} failed, at most {allowed} may fail)")
     missed = summary.slo_violations.get(spec, 0)
     detail = f"{missed} of {judged} over or failed"
     if met and missed > allowed:  # the percentile interpolates between a value within and one over

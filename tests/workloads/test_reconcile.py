@@ -258,3 +258,24 @@ def test_a_failed_request_misses_every_slo_of_the_run(echo: str) -> None:
     assert result.summary.failed == 2
     assert result.summary.slo_met == {"ttft_p50_ms=5000": False, "itl_p50_ms=5000": False}
     assert result.summary.slo_requests == {"ttft_p50_ms=5000": 4, "itl_p50_ms=5000": 4}
+
+
+def test_slo_lines_state_what_they_were_judged_over() -> None:
+    from workloads.replay_cli import format_summary
+
+    def answered(index: int, ttft_ms: float) -> RequestRecord:
+        return RequestRecord(index=index, scheduled_s=0, sent_s=0, lag_ms=0, input_tokens=8,
+                             ttft_ms=ttft_ms, e2e_ms=ttft_ms + 3, itl_ms=[1.0] * 3, output_tokens=4)
+
+    # 3 of 60 over 500 ms, the p95 interpolating between 100 and 600 ms: within, by a hair.
+    records = [answered(i, 100.0) for i in range(57)] + [answered(57 + i, 600.0) for i in range(3)]
+    slos = [parse_slo("ttft_p95_ms=500"), parse_slo("itl_p99_ms=50")]
+    printed = format_summary(summarize(records, 1.0, slos))
+    assert "ttft_p95_ms=500: met (3 of 60 over or failed; the p95 still falls within)" in printed
+    assert "itl_p99_ms=50: met (p99 of the token gaps of 60 completed requests; 0 of 60 failed, at most 0 may fail)" in printed
+    failed = records[:59] + [record(59, usage=None, chunks=None, error="HTTP 400: no")]
+    printed = format_summary(summarize(failed, 1.0, slos))
+    assert "itl_p99_ms=50: MISSED (p99 of the token gaps of 59 completed requests; 1 of 60 failed" in printed
+    # A summary written before the denominators were kept still prints its verdicts.
+    old = summarize(records, 1.0, slos).model_copy(update={"slo_requests": {}})
+    assert "ttft_p95_ms=500: met\n" in format_summary(old)
