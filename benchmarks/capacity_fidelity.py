@@ -1,0 +1,605 @@
+"""Capacity fidelity (issue 57, item 6): an independent check of our capacity figure.
+
+At the capacity our ladder reports for a config, are TTFT p95 and TPOT p95 what a client we
+did not write measures? One server (`python -m server --benchmark-mode`, started by the
+tuner's launcher), one config (default: the embedded model on vLLM's defaults), one window
+(chosen as `autotune run` chooses its tuning window: context fit, then `fit_windows` with the
+default SLOs' sample-size rule). The capacity comes from `--rate` or from one load ladder on
+that server (`LoadLadder`, CPU settings, the default SLOs: `CapacityResult.capacity_rps`).
+Then, at that rate, on the same server, runs alternate (ours, theirs, ours, theirs, ...):
+
+  ours    workloads.replay.replay: `--requests` consecutive requests of the window as a ladder
+          step picks them (`step_trace`), their recorded arrivals scaled so that they offer the
+          rate as sent ((n - 1) / span: the rate the ladder credits a step with), benchmark
+          mode (ignore_eos + min_tokens: exact output lengths);
+  theirs  `vllm bench serve` of the installed vLLM (benchmarks/vllm_cli.py bench-serve),
+          `--dataset-name timed_trace`: the same requests in a JSONL file (arrival ms, input
+          and output lengths, fresh 16-token hash ids per prompt: token-id prompts of exactly
+          the window's lengths, sampled from the embedded model's own tokenizer.json), its own
+          arrival clock on those timestamps (`--self-timed`), `--ignore-eos`, temperature 0.
+
+`--arrivals poisson`: ours on seeded Poisson arrivals at the rate, theirs on its own Poisson
+process (`--request-rate R --no-self-timed`, burstiness 1); same requests and lengths.
+Each run draws fresh prompt tokens (nothing cached by an earlier run can hit), and before each
+run the server is waited on until idle (gauges at zero, a lone request at idle speed:
+`ServerSettler`, as between ladder steps). Around each run `/metrics` is read, so the server's
+own count of prompt and generated tokens (and its TTFT histogram) checks what each client
+says it sent and received.
+
+Reported per run and as medians: TTFT p95 and TPOT p95 (ms) of each client and their ratio
+(ours / theirs: per pair of adjacent runs, and of the medians), requests sent / completed,
+offered rate as sent (req/s: (n - 1) / span of the send times each client recorded), input and
+output tokens (client's count and the server's). Both clients: TPOT = (E2E - TTFT) / (output
+tokens - 1) per request, p95 = numpy's linear percentile over completed requests.
+
+    .venv/bin/python benchmarks/capacity_fidelity.py [--rate R] [--config FILE]
+        [--trace FILE] [--runs 4] [--requests 120] [--arrivals recorded|poisson]
+        [--tuning-window-s 30] [--holdout-window-s 20] [--quick] [--name capacity_fidelity]
+
+Results: results/benchmarks/{name}.{json,md} (quick: results/benchmarks/quick/). No
+per-request files are kept; vLLM's detailed result JSONs live in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+from pydantic import BaseModel, ConfigDict
+
+from autotune import preflight
+from autotune.measure.ladder import (
+    CapacityResult,
+    LadderSettings,
+    LoadLadder,
+    offered_rate,
+    recorded_rate,
+    step_trace,
+)
+from autotune.measure.launcher import ServerLauncher, ServerProcess
+from autotune.measure.scraper import MetricsScraper, MetricsSnapshot, server_metrics
+from autotune.measure.servers import TrialServer
+from autotune.measure.settle import ServerSettler
+from autotune.measure.trial import WARMUP_INPUT_TOKENS, WARMUP_OUTPUT_TOKENS
+from autotune.search.objective import default_slos
+from server.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_DIR, ServerConfig
+from workloads.files import write_text_atomic
+from workloads.prompts import PromptFactory
+from workloads.replay import ReplayOptions, replay
+from workloads.replay_summary import ReplayResult
+from workloads.slo import SLO
+from workloads.trace import Trace, TraceRequest
+from workloads.trace_io import load_trace
+
+logger = logging.getLogger("capacity_fidelity")
+
+SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
+VLLM_CLI = ROOT / "benchmarks" / "vllm_cli.py"
+CHUNK = 16  # tokens per hash id in the timed_trace file (vLLM's default chunk size)
+TOLERANCE = 0.10  # the issue's done-when: ours / theirs within 10%
+PERCENTILES = "50,95,99"
+# Server counters read around each run (vLLM's own, exposed by our server's /metrics).
+PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
+GENERATION_TOKENS = ("vllm:generation_tokens_total",)
+REQUESTS_DONE = ("vllm:request_success_total",)
+PROMPT_SEED_BASE = 5000  # ours: PromptFactory seed per run, far from the ladder's step seeds
+HASH_ID_STRIDE = 1_000_000  # theirs: hash ids per run, so no two runs share a prompt chunk
+
+Client = Literal["ours", "vllm"]
+Arrivals = Literal["recorded", "poisson"]
+
+
+class VllmBenchResult(BaseModel):
+    """What we read from `vllm bench serve --save-result --save-detailed` (vLLM 0.32's
+    `benchmarks/serve.py`: `result` merged into `result_json`). Seconds in the per-request
+    lists (`ttfts`, `latencies`, `start_times` on `time.perf_counter`), ms in the aggregates."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    duration: float  # s
+    completed: int
+    failed: int
+    total_input_tokens: int  # prompt tokens of completed requests (from the server's usage)
+    total_output_tokens: int
+    p95_ttft_ms: float
+    p95_tpot_ms: float
+    median_ttft_ms: float | None = None
+    median_tpot_ms: float | None = None
+    request_rate: float | str | None = None  # as configured ("inf": self-timed)
+    input_lens: list[int] = []
+    output_lens: list[int] = []
+    ttfts: list[float | None] = []
+    latencies: list[float | None] = []
+    start_times: list[float | None] = []
+    errors: list[str | None] = []
+
+
+class RunFigures(BaseModel):
+    """One run of one client at the capacity rate: what it measured and what the server saw."""
+
+    client: Client
+    run: int  # 1-based, per client
+    ttft_p95_ms: float | None
+    tpot_p95_ms: float | None
+    ttft_median_ms: float | None = None
+    tpot_median_ms: float | None = None
+    requests: int  # sent
+    completed: int
+    failed: int
+    offered_rps: float | None  # as sent: (n - 1) / span of the send times
+    input_tokens: int  # the client's count
+    output_tokens: int
+    server_prompt_tokens: float | None = None  # the server's counters over the run
+    server_generation_tokens: float | None = None
+    server_requests: float | None = None
+    server_ttft_p95_ms: float | None = None  # from the server's histograms (bucketed)
+    server_itl_p95_ms: float | None = None
+    wall_s: float = 0.0
+
+
+# -- the window and the requests ----------------------------------------------------------
+
+
+def choose_window(trace: Trace, config: ServerConfig, slos: Sequence[SLO], tuning_s: float,
+                  holdout_s: float) -> Trace:
+    """The tuning window `autotune run` would measure: the trace fitted to the config's
+    context (refused where requests do not fit), then `fit_windows` with the SLOs' needs."""
+    context = int(config.engine.get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    served, _fit = preflight.fit_context(trace, context, source=f"max_model_len={context}")
+    tuning, _holdout, _info, _window_fit = preflight.fit_windows(
+        served, tuning_s, holdout_s, preflight.requirements(slos))
+    return tuning
+
+
+def poisson_arrivals(n: int, rate_rps: float, seed: int) -> np.ndarray:
+    """n arrival times (ms from 0) of a seeded Poisson process at `rate_rps`."""
+    gaps = np.random.default_rng(seed).exponential(1000.0 / rate_rps, size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def measured_trace(window: Trace, rate_rps: float, requests: int, arrivals: Arrivals, seed: int = 0) -> Trace:
+    """The requests both clients send at `rate_rps`: `requests` consecutive requests of the
+    window as a ladder step picks them (`step_trace`: the stretch most like the window,
+    repeated end to end where the window is short), on their recorded arrivals scaled so that
+    they offer `rate_rps` as sent ((n - 1) / span, the rate the ladder credits), or for
+    `poisson` on seeded Poisson arrivals at `rate_rps`."""
+    settings = LadderSettings(step_requests=max(requests, 10), min_step_s=1e-3)
+    picked = step_trace(window, 1.0, settings).subset(np.arange(requests))
+    if arrivals == "recorded":
+        factor = rate_rps / offered_rate(picked)
+        return picked.replace(timestamps_ms=picked.timestamps_ms / factor,
+                              source=f"{window.source} recorded arrivals at {rate_rps:.3g} req/s")
+    return picked.replace(timestamps_ms=poisson_arrivals(len(picked), rate_rps, seed),
+                          source=f"{window.source} poisson {rate_rps:.3g} req/s")
+
+
+def timed_trace_lines(trace: Trace, first_hash_id: int) -> list[dict[str, Any]]:
+    """`trace` as vLLM `timed_trace` records: arrival ms, exact lengths, and ceil(input / 16)
+    hash ids never used before (from `first_hash_id`), so vLLM builds each prompt of exactly
+    `input_length` token ids and no two prompts share a chunk."""
+    lines = []
+    next_id = first_hash_id
+    for i in range(len(trace)):
+        length = int(trace.input_lengths[i])
+        blocks = -(-length // CHUNK)
+        lines.append({
+            "timestamp": round(float(trace.timestamps_ms[i]), 3),
+            "input_length": length,
+            "output_length": int(trace.output_lengths[i]),
+            "hash_ids": list(range(next_id, next_id + blocks)),
+        })
+        next_id += blocks
+    return lines
+
+
+def write_timed_trace(trace: Trace, path: Path, first_hash_id: int) -> None:
+    write_text_atomic(path, "".join(json.dumps(line) + "\n" for line in timed_trace_lines(trace, first_hash_id)),
+                      shared=True)
+
+
+# -- vllm bench serve ---------------------------------------------------------------------
+
+
+def vllm_command(dataset: Path, requests: int, url: str, result: Path, *, arrivals: Arrivals,
+                 rate_rps: float, seed: int, model: str) -> list[str]:
+    """`vllm bench serve` on the timed_trace file (through benchmarks/vllm_cli.py)."""
+    command = [
+        sys.executable, str(VLLM_CLI), "bench-serve",
+        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", model,  # a local folder: its tokenizer.json builds the prompts
+        "--dataset-name", "timed_trace", "--dataset-path", str(dataset),
+        "--timed-trace-sec-multiplier", "0.001", "--timed-trace-chunk-hash-size", str(CHUNK),
+        "--num-prompts", str(requests),
+        "--ignore-eos", "--temperature", "0",
+        "--disable-tqdm", "--num-warmups", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES,
+        "--seed", str(seed),
+        "--save-result", "--save-detailed",
+        "--result-dir", str(result.parent), "--result-filename", result.name,
+    ]
+    if arrivals == "poisson":
+        command += ["--no-self-timed", "--request-rate", f"{rate_rps:.6g}", "--burstiness", "1"]
+    return command
+
+
+def parse_vllm_result(path: Path) -> VllmBenchResult:
+    return VllmBenchResult.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def send_rate(send_times_s: Sequence[float]) -> float | None:
+    """Requests per second as sent: n - 1 gaps over the span of the send times."""
+    times = sorted(send_times_s)
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def vllm_figures(result: VllmBenchResult, run: int) -> RunFigures:
+    completed = result.completed
+    return RunFigures(
+        client="vllm", run=run,
+        # vLLM writes 0 for a percentile of no values: no completed request, no figure.
+        ttft_p95_ms=result.p95_ttft_ms if completed else None,
+        tpot_p95_ms=result.p95_tpot_ms if completed else None,
+        ttft_median_ms=result.median_ttft_ms if completed else None,
+        tpot_median_ms=result.median_tpot_ms if completed else None,
+        requests=completed + result.failed,
+        completed=completed, failed=result.failed,
+        offered_rps=send_rate([t for t in result.start_times if t is not None]),
+        input_tokens=result.total_input_tokens, output_tokens=result.total_output_tokens,
+    )
+
+
+def ours_figures(result: ReplayResult, run: int) -> RunFigures:
+    summary = result.summary
+    return RunFigures(
+        client="ours", run=run,
+        ttft_p95_ms=summary.p95_ttft_ms, tpot_p95_ms=summary.p95_tpot_ms,
+        ttft_median_ms=summary.median_ttft_ms, tpot_median_ms=summary.median_tpot_ms,
+        requests=len(result.records), completed=summary.completed, failed=summary.failed,
+        offered_rps=send_rate([r.sent_s for r in result.records]),
+        input_tokens=summary.total_input_tokens, output_tokens=summary.total_output_tokens,
+    )
+
+
+def with_server_view(figures: RunFigures, before: MetricsSnapshot, after: MetricsSnapshot) -> RunFigures:
+    """`figures` with the server's own counters and histograms over the run (after - before)."""
+    def delta(names: tuple[str, ...]) -> float | None:
+        late, early = after.value(names), before.value(names)
+        return None if late is None else late - (early or 0.0)
+
+    seen = server_metrics(before, after, [])
+    return figures.model_copy(update={
+        "server_prompt_tokens": delta(PROMPT_TOKENS),
+        "server_generation_tokens": delta(GENERATION_TOKENS),
+        "server_requests": delta(REQUESTS_DONE),
+        "server_ttft_p95_ms": seen.ttft_p95_ms,
+        "server_itl_p95_ms": seen.itl_p95_ms,
+    })
+
+
+# -- the comparison -----------------------------------------------------------------------
+
+METRICS = ("ttft_p95_ms", "tpot_p95_ms")
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours is not None and theirs else None
+
+
+def compare(runs: Sequence[RunFigures]) -> dict[str, Any]:
+    """Per metric: each client's runs and median, the ratio of the medians (ours / theirs),
+    the ratio within each pair (run k of ours against run k of theirs), and the verdict."""
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        ours = {r.run: getattr(r, metric) for r in runs if r.client == "ours"}
+        theirs = {r.run: getattr(r, metric) for r in runs if r.client == "vllm"}
+        ours_values = [v for v in ours.values() if v is not None]
+        theirs_values = [v for v in theirs.values() if v is not None]
+        median_ours = spread(ours_values)["median"]
+        median_theirs = spread(theirs_values)["median"]
+        paired = [ratio(ours[k], theirs.get(k)) for k in sorted(ours)]
+        of_medians = ratio(median_ours, median_theirs)
+        out[metric] = {
+            "ours": ours_values, "vllm": theirs_values,
+            "ours_median": median_ours, "vllm_median": median_theirs,
+            "paired_ratios": [p for p in paired if p is not None],
+            "ratio_of_medians": of_medians,
+            "within_tolerance": None if of_medians is None else abs(of_medians - 1.0) <= TOLERANCE,
+        }
+    return out
+
+
+def goals(comparison: dict[str, Any]) -> list[Goal]:
+    found = []
+    for metric, name in (("ttft_p95_ms", "TTFT p95"), ("tpot_p95_ms", "TPOT p95")):
+        c = comparison[metric]
+        paired = ", ".join(fmt(p) for p in c["paired_ratios"])
+        found.append(Goal(name=f"{name} at the capacity, ours / vllm bench serve (ratio of medians)",
+                          target=f"within {TOLERANCE:.0%} of 1", measured=c["ratio_of_medians"],
+                          met=c["within_tolerance"], note=f"per pair {paired}" if paired else ""))
+    return found
+
+
+def runs_table(runs: Sequence[RunFigures]) -> list[str]:
+    """One row per run, in the order run, and the pair's ratios on the second run of a pair."""
+    by_key = {(r.client, r.run): r for r in runs}
+    rows = []
+    for r in runs:
+        other = by_key.get(("ours" if r.client == "vllm" else "vllm", r.run))
+        pair = r.client == "vllm" and other is not None
+        rows.append([
+            r.run, "ours (workloads.replay)" if r.client == "ours" else "vllm bench serve",
+            fmt(r.ttft_p95_ms, 4), fmt(r.tpot_p95_ms, 4),
+            fmt(ratio(other.ttft_p95_ms, r.ttft_p95_ms), 3) if pair else "",
+            fmt(ratio(other.tpot_p95_ms, r.tpot_p95_ms), 3) if pair else "",
+            f"{r.completed}/{r.requests}", fmt(r.offered_rps, 4),
+            f"{r.input_tokens} / {fmt(r.server_prompt_tokens, 6)}",
+            f"{r.output_tokens} / {fmt(r.server_generation_tokens, 6)}",
+            fmt(r.server_ttft_p95_ms, 4), fmt(r.wall_s, 3),
+        ])
+    return md_table(["run", "client", "TTFT p95 ms", "TPOT p95 ms", "TTFT ours/vllm", "TPOT ours/vllm",
+                     "completed/sent", "offered req/s as sent", "input tokens (client / server)",
+                     "output tokens (client / server)", "server TTFT p95 ms (histogram)", "wall s"], rows)
+
+
+def summary_table(comparison: dict[str, Any]) -> list[str]:
+    rows = []
+    for metric, name in (("ttft_p95_ms", "TTFT p95 ms"), ("tpot_p95_ms", "TPOT p95 ms")):
+        c = comparison[metric]
+        rows.append([name, fmt(c["ours_median"], 4), fmt(c["vllm_median"], 4), fmt(c["ratio_of_medians"], 3),
+                     ", ".join(fmt(p, 3) for p in c["paired_ratios"]) or "-",
+                     {True: "yes", False: "**no**", None: "-"}[c["within_tolerance"]]])
+    return md_table(["metric", "ours (median)", "vllm bench serve (median)", "ours / vllm (medians)",
+                     "ours / vllm per pair", f"within {TOLERANCE:.0%}"], rows)
+
+
+# -- the measurement ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one benchmark run does, from the command line."""
+
+    config: ServerConfig
+    window: Trace
+    slos: list[SLO]
+    ladder: LadderSettings
+    rate_rps: float | None  # given; None: from one ladder
+    runs: int
+    requests: int
+    arrivals: Arrivals
+    work: Path
+
+
+@dataclasses.dataclass
+class Measured:
+    capacity: CapacityResult | None
+    rate_rps: float
+    speedup: float
+    runs: list[RunFigures]
+    trace: Trace
+    ready_s: float
+    commands: dict[str, str]
+
+
+def start_server(plan: Plan) -> ServerProcess:
+    """Our server with the config, started as a trial's is (`TrialServer` command and flags)."""
+    kind = TrialServer()
+    config_path = kind.write_config(plan.config, plan.work)
+    plan.config.write(config_path)
+    launcher = ServerLauncher(command=kind.command(sys.executable),
+                              extra_args=kind.extra_args("127.0.0.1", plan.config), startup_timeout_s=900)
+    return launcher.start(config_path, plan.work / "server.log")
+
+
+async def warm_up(url: str) -> None:
+    """A few short unmeasured requests, as a trial's warm-up sends."""
+    warm = Trace.from_requests([TraceRequest(timestamp=0.0, input_length=WARMUP_INPUT_TOKENS,
+                                             output_length=WARMUP_OUTPUT_TOKENS)] * 4, source="warm-up")
+    await replay(warm, url, ReplayOptions(mode="concurrency=4"))
+
+
+async def find_capacity(plan: Plan, server: ServerProcess, scraper: MetricsScraper) -> CapacityResult:
+    ladder = LoadLadder(plan.ladder, url=server.url, replay=ReplayOptions(slos=tuple(plan.slos)),
+                        scraper=scraper, on_sample=server.track_children, say=say,
+                        cpu_reading=server.cpu_reading)
+    capacity = await ladder.run(plan.window)
+    say(f"ladder: {capacity.describe()}")
+    return capacity
+
+
+async def run_ours(plan: Plan, trace: Trace, url: str, run: int) -> RunFigures:
+    options = ReplayOptions(mode="timed", benchmark_mode=True, slos=tuple(plan.slos),
+                            prompts=PromptFactory(seed=PROMPT_SEED_BASE + run))
+    result = await replay(trace, url, options)
+    # Beside vLLM's detailed result, in the work folder (kept only with --keep).
+    result.write(plan.work / f"ours-{run}.requests.jsonl", plan.work / f"ours-{run}.summary.json")
+    return ours_figures(result, run)
+
+
+async def run_vllm(plan: Plan, trace: Trace, url: str, rate_rps: float, run: int) -> tuple[RunFigures, str]:
+    dataset = plan.work / f"vllm-{run}.timed_trace.jsonl"
+    write_timed_trace(trace, dataset, first_hash_id=run * HASH_ID_STRIDE)
+    result_path = plan.work / f"vllm-{run}.json"
+    command = vllm_command(dataset, len(trace), url, result_path, arrivals=plan.arrivals,
+                           rate_rps=rate_rps, seed=run, model=str(plan.config.engine.get("model") or DEFAULT_MODEL_DIR))
+    log_path = plan.work / f"vllm-{run}.log"
+    with open(log_path, "w") as log:
+        done = await asyncio.to_thread(subprocess.run, command, cwd=ROOT, stdout=log,
+                                       stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0 or not result_path.exists():
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        raise SystemExit(f"capacity_fidelity: vllm bench serve exited {done.returncode}; "
+                         f"last lines of {log_path}:\n" + "\n".join(tail))
+    return vllm_figures(parse_vllm_result(result_path), run), " ".join(command[1:])
+
+
+async def one_run(plan: Plan, client: Client, run: int, trace: Trace, server: ServerProcess,
+                  scraper: MetricsScraper, settler: ServerSettler, rate_rps: float) -> tuple[RunFigures, str]:
+    await settler.wait(f"before {client} run {run}")
+    before = await scraper.scrape()
+    started = time.monotonic()
+    command = ""
+    if client == "ours":
+        figures = await run_ours(plan, trace, server.url, run)
+    else:
+        figures, command = await run_vllm(plan, trace, server.url, rate_rps, run)
+    wall = time.monotonic() - started
+    after = await scraper.scrape()
+    figures = with_server_view(figures, before, after).model_copy(update={"wall_s": round(wall, 1)})
+    say(f"{client} run {run}: TTFT p95 {fmt(figures.ttft_p95_ms, 4)} ms, TPOT p95 {fmt(figures.tpot_p95_ms, 4)} ms, "
+        f"{figures.completed}/{figures.requests} completed at {fmt(figures.offered_rps, 4)} req/s as sent, "
+        f"tokens in {figures.input_tokens} (server {fmt(figures.server_prompt_tokens, 6)}) out "
+        f"{figures.output_tokens} (server {fmt(figures.server_generation_tokens, 6)})")
+    return figures, command
+
+
+async def measure(plan: Plan, server: ServerProcess) -> Measured:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        scraper = MetricsScraper(client, server.url)
+        await warm_up(server.url)
+        capacity = None
+        rate = plan.rate_rps
+        if rate is None:
+            capacity = await find_capacity(plan, server, scraper)
+            if capacity.capacity_rps <= 0:
+                raise SystemExit(f"capacity_fidelity: the ladder found no capacity ({capacity.describe()})")
+            rate = capacity.capacity_rps
+        speedup = rate / recorded_rate(plan.window)
+        trace = measured_trace(plan.window, rate, plan.requests, plan.arrivals)
+        say(f"at {rate:.3g} req/s (x{speedup:.3g} the window's {recorded_rate(plan.window):.3g}): "
+            f"{len(trace)} requests over {trace.duration_s():.1f} s, {plan.arrivals} arrivals, {plan.runs} runs per client")
+        settler = ServerSettler(url=server.url, replay=ReplayOptions(), replay_fn=replay, scraper=scraper,
+                                timeout_s=plan.ladder.drain_timeout_s, slack_ms=plan.ladder.settle_slack_ms,
+                                check_alive=lambda _when: None)
+        await settler.wait("before the first run")  # nothing of the ladder still running
+        await settler.calibrate()
+        runs: list[RunFigures] = []
+        commands: dict[str, str] = {}
+        for run in range(1, plan.runs + 1):
+            for client_name in ("ours", "vllm"):
+                # Poisson: each of our runs on its own seed, as each vLLM run draws its own.
+                sent = trace if plan.arrivals == "recorded" else measured_trace(
+                    plan.window, rate, plan.requests, "poisson", seed=run)
+                figures, command = await one_run(plan, client_name, run, sent, server, scraper, settler, rate)
+                runs.append(figures)
+                if command:
+                    commands["vllm"] = command
+        return Measured(capacity, rate, speedup, runs, trace, server.ready_at - server.spawned_at, commands)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default=str(SAMPLE))
+    parser.add_argument("--config", help="server config YAML (default: the embedded model, vLLM's defaults)")
+    parser.add_argument("--rate", type=float, help="req/s to compare at (default: one ladder's capacity)")
+    parser.add_argument("--runs", type=int, default=4, help="runs per client, interleaved")
+    parser.add_argument("--requests", type=int, default=120, help="requests per run")
+    parser.add_argument("--arrivals", choices=("recorded", "poisson"), default="recorded")
+    parser.add_argument("--tuning-window-s", type=float, default=30.0)
+    parser.add_argument("--holdout-window-s", type=float, default=20.0)
+    parser.add_argument("--quick", action="store_true", help="1 run per client, 40 requests")
+    parser.add_argument("--name", default="capacity_fidelity")
+    parser.add_argument("--keep", type=Path, help="keep the work files (server log, both clients' "
+                        "per-request results) in this folder instead of a temporary one")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.requests = 1, 40
+    if args.runs < 1 or args.requests < 10:
+        parser.error("--runs must be >= 1 and --requests >= 10")
+    if args.rate is not None and not args.rate > 0:
+        parser.error("--rate must be > 0 req/s")
+    return args
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args()
+    recorder = Recorder(args.name, "Capacity fidelity: TTFT and TPOT p95 at our capacity, our replayer "
+                        "against `vllm bench serve` on one server (issue 57, item 6)",
+                        "quick" if args.quick else "full")
+    config = ServerConfig.load(args.config) if args.config else ServerConfig.default()
+    slos = default_slos("cpu")
+    window = choose_window(load_trace(args.trace), config, slos, args.tuning_window_s, args.holdout_window_s)
+    say(f"window: {len(window)} requests over {window.duration_s():.0f} s, {recorded_rate(window):.3g} req/s recorded")
+    work = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
+        prefix="capacity-fidelity-")
+    with work as scratch, EngineWatch() as watch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        plan = Plan(config=config, window=window, slos=slos, ladder=LadderSettings.for_accelerator("cpu"),
+                    rate_rps=args.rate, runs=args.runs, requests=args.requests, arrivals=args.arrivals,
+                    work=Path(scratch))
+        server = start_server(plan)
+        try:
+            measured = asyncio.run(measure(plan, server))
+        finally:
+            server.stop()
+    write_results(recorder, args, plan, measured, watch.report())
+    return 0
+
+
+def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, measured: Measured,
+                  engine_watch: dict[str, Any]) -> None:
+    comparison = compare(measured.runs)
+    capacity = measured.capacity
+    results = {
+        "rate_rps": measured.rate_rps, "speedup": measured.speedup,
+        "rate_source": "--rate" if capacity is None else "one ladder on this server",
+        "capacity": None if capacity is None else {
+            "capacity_rps": capacity.capacity_rps, "first_fail_rps": capacity.first_fail_rps,
+            "bracketed": capacity.bracketed, "steps": len(capacity.steps), "describe": capacity.describe()},
+        "window": {"requests": len(plan.window), "duration_s": plan.window.duration_s(),
+                   "recorded_rps": recorded_rate(plan.window)},
+        "sent": {"requests": len(measured.trace), "duration_s": measured.trace.duration_s(),
+                 "input_tokens": int(measured.trace.input_lengths.sum()),
+                 "output_tokens": int(measured.trace.output_lengths.sum())},
+        "runs": [r.model_dump() for r in measured.runs],
+        "comparison": comparison,
+        "engine_start_s": round(measured.ready_s, 1),
+        "engine_watch": engine_watch,
+    }
+    settings = {"trace": str(Path(args.trace).resolve().relative_to(ROOT)) if Path(args.trace).resolve().is_relative_to(ROOT) else args.trace,
+                "config": args.config or "embedded model, vLLM's defaults (ServerConfig.default())",
+                "engine": plan.config.engine, "slos": [s.spec() for s in plan.slos],
+                "ladder": plan.ladder.model_dump(), "runs": plan.runs, "requests": plan.requests,
+                "arrivals": plan.arrivals, "tolerance": TOLERANCE,
+                "vllm_bench_command": measured.commands.get("vllm", "")}
+    capacity_line = (f"Rate: {measured.rate_rps:.3g} req/s from --rate" if capacity is None else
+                     f"Rate: the ladder's capacity on this server, {capacity.describe()} "
+                     f"({len(capacity.steps)} steps, first fail {fmt(capacity.first_fail_rps)} req/s)")
+    notes = [
+        capacity_line + f"; x{measured.speedup:.3g} the window's recorded {recorded_rate(plan.window):.3g} req/s.",
+        f"Sent per run: {len(measured.trace)} requests over {measured.trace.duration_s():.1f} s ({plan.arrivals} "
+        f"arrivals), {int(measured.trace.input_lengths.sum())} input and {int(measured.trace.output_lengths.sum())} "
+        "output tokens; both clients the same requests and lengths.",
+        "Runs alternate ours, vllm, ours, vllm ...; the server is idle before each (ServerSettler). Both clients run "
+        "on this machine's 2 CPUs beside the server (and other engineers' work: load averages above).",
+        f"`vllm bench serve` command (per run, the dataset and result paths change): `{measured.commands.get('vllm', '')}`.",
+        "Definitions: TTFT from the client's send to the first streamed chunk with a token (ours) / with a "
+        "choice (vLLM); TPOT per request (E2E - TTFT) / (output tokens - 1), E2E ending at `[DONE]` (ours) / "
+        "at the last chunk with a choice (vLLM); p95 numpy linear over completed requests, in both.",
+    ]
+    tables = ["## At the capacity: medians over runs", ""] + summary_table(comparison) + [
+        "", "## Per run (in the order run)", ""] + runs_table(measured.runs)
+    recorder.write(recorder.result(settings=settings, goals=goals(comparison), results=results, notes=notes),
+                   "\n".join(tables))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
