@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import subprocess
 import sys
 import tempfile
@@ -149,6 +150,9 @@ class RunFigures(BaseModel):
     server_ttft_p95_ms: float | None = None  # from the server's histograms (bucketed)
     server_itl_p95_ms: float | None = None
     wall_s: float = 0.0
+    # Other users' vLLM engines running when the run started (EngineWatch.foreign_engines;
+    # counted between runs, not during them: no sampling thread inside our client's process).
+    foreign_engines: int = 0
 
 
 # -- the window and the requests ----------------------------------------------------------
@@ -237,6 +241,14 @@ def vllm_command(dataset: Path, requests: int, url: str, result: Path, *, arriva
     return command
 
 
+def shown_command(command: Sequence[str], work: Path) -> str:
+    """A vllm_cli command as typed from the repository root, the work folder as WORK/ and the
+    server's port as PORT (both change from run to run)."""
+    text = " ".join([".venv/bin/python", *command[1:]])
+    text = text.replace(f"{work}/", "WORK/").replace(str(work), "WORK").replace(f"{ROOT}/", "")
+    return re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:PORT", text)
+
+
 def parse_vllm_result(path: Path) -> VllmBenchResult:
     return VllmBenchResult.model_validate_json(path.read_text(encoding="utf-8"))
 
@@ -302,6 +314,24 @@ def ratio(ours: float | None, theirs: float | None) -> float | None:
     return ours / theirs if ours is not None and theirs else None
 
 
+def relative_range(values: Sequence[float]) -> float | None:
+    """(max - min) / median; None for no values."""
+    median = spread(values)["median"]
+    return (max(values) - min(values)) / median if values and median else None
+
+
+def against_server(runs: Sequence[RunFigures]) -> dict[str, float | None]:
+    """Per client, the median over its runs of its TTFT p95 over the server's own TTFT p95 in
+    the same run (vLLM's histogram): ~equal for both clients means both report what the
+    server did, and a gap between the clients' figures is the server's state, not a client."""
+    out: dict[str, float | None] = {}
+    for client in ("ours", "vllm"):
+        ratios = [r.ttft_p95_ms / r.server_ttft_p95_ms for r in runs
+                  if r.client == client and r.ttft_p95_ms is not None and r.server_ttft_p95_ms]
+        out[client] = spread(ratios)["median"]
+    return out
+
+
 def compare(runs: Sequence[RunFigures]) -> dict[str, Any]:
     """Per metric: each client's runs and median, the ratio of the medians (ours / theirs),
     the ratio within each pair (run k of ours against run k of theirs), and the verdict."""
@@ -318,6 +348,8 @@ def compare(runs: Sequence[RunFigures]) -> dict[str, Any]:
         out[metric] = {
             "ours": ours_values, "vllm": theirs_values,
             "ours_median": median_ours, "vllm_median": median_theirs,
+            # Run-to-run noise of each client alone: (max - min) / median of its runs.
+            "ours_range": relative_range(ours_values), "vllm_range": relative_range(theirs_values),
             "paired_ratios": [p for p in paired if p is not None],
             "ratio_of_medians": of_medians,
             "within_tolerance": None if of_medians is None else abs(of_medians - 1.0) <= TOLERANCE,
@@ -351,11 +383,12 @@ def runs_table(runs: Sequence[RunFigures]) -> list[str]:
             f"{r.completed}/{r.requests}", fmt(r.offered_rps, 4),
             f"{r.input_tokens} / {fmt(r.server_prompt_tokens, 6)}",
             f"{r.output_tokens} / {fmt(r.server_generation_tokens, 6)}",
-            fmt(r.server_ttft_p95_ms, 4), fmt(r.wall_s, 3),
+            fmt(r.server_ttft_p95_ms, 4), fmt(r.server_itl_p95_ms, 3), r.foreign_engines, fmt(r.wall_s, 3),
         ])
     return md_table(["run", "client", "TTFT p95 ms", "TPOT p95 ms", "TTFT ours/vllm", "TPOT ours/vllm",
                      "completed/sent", "offered req/s as sent", "input tokens (client / server)",
-                     "output tokens (client / server)", "server TTFT p95 ms (histogram)", "wall s"], rows)
+                     "output tokens (client / server)", "server TTFT p95 ms", "server ITL p95 ms",
+                     "other engines", "wall s"], rows)
 
 
 def summary_table(comparison: dict[str, Any]) -> list[str]:
@@ -364,9 +397,14 @@ def summary_table(comparison: dict[str, Any]) -> list[str]:
         c = comparison[metric]
         rows.append([name, fmt(c["ours_median"], 4), fmt(c["vllm_median"], 4), fmt(c["ratio_of_medians"], 3),
                      ", ".join(fmt(p, 3) for p in c["paired_ratios"]) or "-",
-                     {True: "yes", False: "**no**", None: "-"}[c["within_tolerance"]]])
+                     {True: "yes", False: "**no**", None: "-"}[c["within_tolerance"]],
+                     f"{fmt(c['ours_range'], 2)} / {fmt(c['vllm_range'], 2)}"])
+    server = comparison["ttft_p95_over_server"]
     return md_table(["metric", "ours (median)", "vllm bench serve (median)", "ours / vllm (medians)",
-                     "ours / vllm per pair", f"within {TOLERANCE:.0%}"], rows)
+                     "ours / vllm per pair", f"within {TOLERANCE:.0%}",
+                     "run-to-run range / median (ours / vllm)"], rows) + [
+        "", f"Client TTFT p95 over the server's own (histogram) TTFT p95 in the same run, median over "
+        f"runs: ours {fmt(server['ours'], 3)}, vllm bench serve {fmt(server['vllm'], 3)}."]
 
 
 # -- the measurement ----------------------------------------------------------------------
@@ -447,12 +485,13 @@ async def run_vllm(plan: Plan, trace: Trace, url: str, rate_rps: float, run: int
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         raise SystemExit(f"capacity_fidelity: vllm bench serve exited {done.returncode}; "
                          f"last lines of {log_path}:\n" + "\n".join(tail))
-    return vllm_figures(parse_vllm_result(result_path), run), " ".join(command[1:])
+    return vllm_figures(parse_vllm_result(result_path), run), shown_command(command, plan.work)
 
 
 async def one_run(plan: Plan, client: Client, run: int, trace: Trace, server: ServerProcess,
                   scraper: MetricsScraper, settler: ServerSettler, rate_rps: float) -> tuple[RunFigures, str]:
     await settler.wait(f"before {client} run {run}")
+    others = EngineWatch.foreign_engines()
     before = await scraper.scrape()
     started = time.monotonic()
     command = ""
@@ -462,7 +501,8 @@ async def one_run(plan: Plan, client: Client, run: int, trace: Trace, server: Se
         figures, command = await run_vllm(plan, trace, server.url, rate_rps, run)
     wall = time.monotonic() - started
     after = await scraper.scrape()
-    figures = with_server_view(figures, before, after).model_copy(update={"wall_s": round(wall, 1)})
+    figures = with_server_view(figures, before, after).model_copy(
+        update={"wall_s": round(wall, 1), "foreign_engines": others})
     say(f"{client} run {run}: TTFT p95 {fmt(figures.ttft_p95_ms, 4)} ms, TPOT p95 {fmt(figures.tpot_p95_ms, 4)} ms, "
         f"{figures.completed}/{figures.requests} completed at {fmt(figures.offered_rps, 4)} req/s as sent, "
         f"tokens in {figures.input_tokens} (server {fmt(figures.server_prompt_tokens, 6)}) out "
@@ -540,7 +580,7 @@ def main() -> int:
     say(f"window: {len(window)} requests over {window.duration_s():.0f} s, {recorded_rate(window):.3g} req/s recorded")
     work = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
         prefix="capacity-fidelity-")
-    with work as scratch, EngineWatch() as watch:
+    with work as scratch:
         Path(scratch).mkdir(parents=True, exist_ok=True)
         plan = Plan(config=config, window=window, slos=slos, ladder=LadderSettings.for_accelerator("cpu"),
                     rate_rps=args.rate, runs=args.runs, requests=args.requests, arrivals=args.arrivals,
@@ -550,13 +590,12 @@ def main() -> int:
             measured = asyncio.run(measure(plan, server))
         finally:
             server.stop()
-    write_results(recorder, args, plan, measured, watch.report())
+    write_results(recorder, args, plan, measured)
     return 0
 
 
-def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, measured: Measured,
-                  engine_watch: dict[str, Any]) -> None:
-    comparison = compare(measured.runs)
+def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, measured: Measured) -> None:
+    comparison = {**compare(measured.runs), "ttft_p95_over_server": against_server(measured.runs)}
     capacity = measured.capacity
     results = {
         "rate_rps": measured.rate_rps, "speedup": measured.speedup,
@@ -572,7 +611,6 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
         "runs": [r.model_dump() for r in measured.runs],
         "comparison": comparison,
         "engine_start_s": round(measured.ready_s, 1),
-        "engine_watch": engine_watch,
     }
     settings = {"trace": str(Path(args.trace).resolve().relative_to(ROOT)) if Path(args.trace).resolve().is_relative_to(ROOT) else args.trace,
                 "config": args.config or "embedded model, vLLM's defaults (ServerConfig.default())",
@@ -594,6 +632,9 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
         "Definitions: TTFT from the client's send to the first streamed chunk with a token (ours) / with a "
         "choice (vLLM); TPOT per request (E2E - TTFT) / (output tokens - 1), E2E ending at `[DONE]` (ours) / "
         "at the last chunk with a choice (vLLM); p95 numpy linear over completed requests, in both.",
+        "Server columns: vLLM's own /metrics over each run (counters diffed; TTFT and ITL p95 from its "
+        "bucketed histograms, interpolated as Prometheus does: coarse, but the same server-side ruler "
+        "for both clients' runs).",
     ]
     tables = ["## At the capacity: medians over runs", ""] + summary_table(comparison) + [
         "", "## Per run (in the order run)", ""] + runs_table(measured.runs)

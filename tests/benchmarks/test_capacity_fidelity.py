@@ -211,3 +211,23 @@ def test_vllm_bench_serve_accepts_the_command_and_times_it_as_asked(bench: Modul
         assert args.self_timed is None  # vLLM then times each request by the file's timestamps
     else:
         assert (args.self_timed, args.request_rate, args.burstiness) == (False, 7.5, 1.0)
+
+
+def test_each_clients_ttft_is_set_against_the_servers_own_in_the_same_run(bench: ModuleType) -> None:
+    table = runs(bench, ours=[(400.0, 20.0), (900.0, 22.0)], theirs=[(300.0, 20.0), (500.0, 20.0)])
+    server_p95 = [400.0, 300.0, 1000.0, 500.0]  # the server's histogram saw each run move alike
+    table = [r.model_copy(update={"server_ttft_p95_ms": p}) for r, p in zip(table, server_p95, strict=True)]
+    assert bench.against_server(table) == {"ours": pytest.approx(0.95), "vllm": pytest.approx(1.0)}
+    assert bench.relative_range([400.0, 900.0]) == pytest.approx(500.0 / 650.0)
+
+
+def test_the_report_shows_the_vllm_command_as_typed_from_the_repository(bench: ModuleType) -> None:
+    work = Path("/tmp/capacity-fidelity-abc")
+    command = bench.vllm_command(work / "vllm-1.timed_trace.jsonl", 120, "http://127.0.0.1:43827",
+                                 work / "vllm-1.json", arrivals="recorded", rate_rps=5.0, seed=1,
+                                 model=str(MODEL))
+    shown = bench.shown_command(command, work)
+    assert shown.startswith(".venv/bin/python benchmarks/vllm_cli.py bench-serve --backend vllm "
+                            "--base-url http://127.0.0.1:PORT ")
+    assert "--dataset-path WORK/vllm-1.timed_trace.jsonl" in shown and "--result-dir WORK " in shown
+    assert "--model server/models/tiny-multilingual " in shown and "/tmp/" not in shown
