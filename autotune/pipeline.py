@@ -33,6 +33,7 @@ from autotune.progress import format_duration, say
 from autotune.redact import redact, redact_argv
 from autotune.search.gate import BASELINE, GateDecision, Measurement, decide
 from autotune.search.gate_runner import ValidationResult
+from autotune.search.numerics import describe_changes, numerics_changes, numerics_record
 from autotune.search.study import TuningStudy
 from autotune.search.study_store import SearchInputs, StudyOptions
 
@@ -122,6 +123,8 @@ def execute(plan: TuningPlan, *, runner: Any, reap: Callable[[Path], list[int]] 
         f"{plan.objective.spec()}, SLOs {', '.join(s.spec() for s in plan.slos)}; searching "
         + ", ".join(f"{k} ({v})" for k, v in plan.space.describe().items())
     )
+    for line in plan.space.describe_clamps(plan.baseline.searchable_values(plan.effective_defaults)):
+        say(f"note: {line}")
     try:
         study = tuning.run_search()
     except NothingMeasured:
@@ -174,13 +177,16 @@ def finish(
         effective_defaults=plan.effective_defaults,
         validation=validation,
         search={"trials": len(study.trials), "search_wall_s": round(tuning.search_wall_s, 1),
-                "validation_wall_s": round(result.wall_s, 1), **(search_extra or {})},
+                "validation_wall_s": round(result.wall_s, 1), **clamped(plan), **(search_extra or {})},
         baseline_standing=standing,
         trial_server=plan.trial_server,
         deployed=verdict_config,
     )
     capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
                                 baseline_trial=tuning.gate.baseline_trial(study))
+    numerics = numerics_figures(plan, study, decision, verdict_config)
+    if numerics is not None:
+        provenance["numerics"] = numerics
     if capacity is not None:
         provenance["capacity"] = capacity
     memory = None if problem is not None else memory_figures(
@@ -229,8 +235,41 @@ def finish(
     else:
         say(f"winner {decision.winner}: {decision.reason}")
         say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+        if numerics is not None:
+            say(f"*** the winner {describe_changes(numerics['changes'])} ***")
+            free = numerics["numerics_free"]
+            say("without such knobs: " + (f"{free['candidate']} ({plan.objective.format_score(free['median'])} "
+                                          f"median in the gate, {'every' if free['eligible'] else 'not every'} "
+                                          "SLO in every repeat)" if free else "no config but the baseline"))
     say(f"wrote {best_path} and {report}")
     return 0
+
+
+def clamped(plan: TuningPlan) -> dict[str, Any]:
+    """The knobs whose baseline value the space excludes (SearchSpace.describe_clamps), for
+    best.yaml's provenance and the report; {} when the space contains the baseline."""
+    lines = plan.space.describe_clamps(plan.baseline.searchable_values(plan.effective_defaults))
+    return {"clamped": lines} if lines else {}
+
+
+def numerics_figures(
+    plan: TuningPlan, study: optuna.Study, decision: GateDecision, deployed: Any
+) -> dict[str, Any] | None:
+    """The emitted config's numerics changes and the best gate candidate without them
+    (autotune.search.numerics.numerics_record); None when it changes none."""
+    if decision.keep_baseline:
+        return None
+    changes = numerics_changes(deployed.searchable_values(plan.effective_defaults),
+                               plan.baseline.searchable_values(plan.effective_defaults))
+
+    def overrides_of(label: str) -> dict[str, Any] | None:
+        if label == BASELINE:
+            return {}
+        trial = study.trials[int(label.split("-")[1])]
+        return None if trial.user_attrs.get("changes_numerics") else dict(trial.user_attrs.get("overrides") or {})
+
+    return numerics_record(changes, decision.stats, decision.winner, overrides_of,
+                           plan.objective.rank_key)
 
 
 def capacity_figures(

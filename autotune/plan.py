@@ -70,6 +70,8 @@ class TuningRequest(BaseModel):
     baseline: Path | None = None
     compare: list[Path] = []
     space: Path | None = None
+    # Knobs that change the model's numerics, added to the space (autotune.search.numerics).
+    allow: list[Literal["fp8"]] = []
     slos: list[str] | None = None
     objective: str = "capacity"
     headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H

@@ -17,6 +17,7 @@ from autotune.measure.ladder import LadderSettings
 from autotune.measure.servers import TrialServer, labelled
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
+from autotune.search.numerics import check_supported, numerics_params
 from autotune.search.objective import MEMORY_KNOB, default_slos, parse_objective
 from autotune.search.space import SearchSpace
 from autotune.search.study_store import check_writable
@@ -50,6 +51,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
                                             policy=request.over_context, model_limit=early[2])
     baseline, baseline_source = load_baseline(request)
     accelerator = detect_accelerator()
+    check_supported(request.allow, accelerator)  # --allow fp8 on a CPU or an older GPU: refused now
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
@@ -86,11 +88,16 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     check_writable(request.output_dir)  # before any trial: an unwritable folder must not cost one
     known = FactsCache().engine_arg_names()
     wide = objective.kind == "min-memory"  # memory from 0.05 up: the knob being minimised
+    # The built-in ranges contain what the baseline resolves to (1024 sequences on an H200).
+    effective = effective if effective is not None else resolve_defaults(baseline)
+    resolved = baseline.searchable_values(effective)
     if request.space is not None:
-        space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)
+        space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide,
+                                 baseline=resolved)
     else:
-        space = SearchSpace.default(accelerator, wide_memory=wide)
-        space.check_names(known)
+        space = SearchSpace.default(accelerator, wide_memory=wide, baseline=resolved)
+    space = space.extended(numerics_params(request.allow, resolved))
+    space.check_names(known)
     if wide and MEMORY_KNOB not in space.params:
         raise AutotuneError(
             f"--objective min-memory searches {MEMORY_KNOB}, but the space ({space.source}) does "
@@ -119,7 +126,6 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
             "windows": window_fit.model_dump(mode="json"),
         },
     }
-    effective = effective if effective is not None else resolve_defaults(baseline)
     if wide and {**effective, **baseline.engine}.get(MEMORY_KNOB) is None:
         raise AutotuneError(
             f"--objective min-memory: the baseline's {MEMORY_KNOB} is unknown (vLLM's default "

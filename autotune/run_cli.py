@@ -21,6 +21,7 @@ from autotune.plan import (
     TuningRequest,
 )
 from autotune.progress import parse_duration, say
+from autotune.search.numerics import ALLOW_CHOICES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "window (repeatable; e.g. your hand-tuned config); reported, never exported")
     add("--space", type=Path, default=None, metavar="FILE.yaml",
         help="widen/narrow/add searched engine arguments and relations (see autotune/search/space.py)")
+    add("--allow", action="append", choices=ALLOW_CHOICES, default=None, metavar="fp8",
+        help="also search knobs that change the model's outputs: fp8 = vLLM's `quantization: fp8` "
+             "(FP8 weights, quantized at load) and `kv_cache_dtype: fp8`; needs a GPU of compute "
+             "capability 8.9+ (refused otherwise). Configs using them are marked \"changes "
+             "numerics: check output quality before deploying\", and the best config without "
+             "them is validated beside them (default: off)")
     add("--slo", action="append", default=None, metavar="METRIC_pPCT_ms=MS",
         help="an SLO, repeatable, e.g. --slo ttft_p95_ms=500 (default on CPU: "
              "ttft_p95_ms=1000 and tpot_p95_ms=100; on GPU: ttft_p95_ms=500 and tpot_p95_ms=50)")
@@ -144,6 +151,7 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
         baseline=args.baseline,
         compare=args.compare or [],
         space=args.space,
+        allow=sorted(set(args.allow or [])),
         slos=args.slo,
         objective=args.objective,
         headroom=args.headroom,

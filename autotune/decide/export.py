@@ -148,6 +148,15 @@ def header_text(provenance: dict[str, Any], path_hint: str = "best.yaml", front_
             verdict += f"\nbaseline measured: {decision['baseline_standing']}"
     else:
         verdict = f"emitted {decision['emitted']}: {decision['reason']}"
+        numerics = provenance.get("numerics")
+        if numerics:  # fp8 and the like change what the model answers (autotune.search.numerics)
+            changes = ", ".join(f"{k}={v}" for k, v in numerics["changes"].items())
+            verdict += f"\n{numerics['note'].upper()} ({changes})"
+            free = numerics.get("numerics_free")
+            if free:
+                verdict += (f"\nwithout such knobs: {free['candidate']} "
+                            + (", ".join(f"{k}={v}" for k, v in free["overrides"].items()) or "(the baseline)")
+                            + f", gate median {free['median']:.4g}; see report.md")
     hw = provenance["hardware"]
     device = ", ".join(hw["gpus"]) if hw["gpus"] else f"{hw['cpu']} ({hw['cpu_count']} cores)"
     workload = provenance["workload"]

@@ -165,6 +165,9 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     ):
         if changed:
             lines += ["", f"Changed {what}: " + ", ".join(f"`{k}={v}`" for k, v in changed.items())]
+    lines += numerics_lines(provenance.get("numerics"), objective)
+    for line in provenance["study"].get("clamped", []):  # a --space file that excludes the baseline
+        lines += ["", f"Space clamped: {line}."]
     if verdict != "nothing":
         lines += [
             "",
@@ -254,6 +257,23 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     path = output_dir / "report.md"
     write_text_atomic(path, "\n".join(lines).rstrip() + "\n")
     return path
+
+
+def numerics_lines(numerics: dict[str, Any] | None, objective: Objective) -> list[str]:
+    """The emitted config changes numerics (fp8: autotune.search.numerics): the mark, and the
+    best config of the same gate without such knobs, so the user can choose."""
+    if not numerics:
+        return []
+    changes = ", ".join(f"`{k}={v}`" for k, v in numerics["changes"].items())
+    lines = ["", f"**The emitted config {numerics['note']}** ({changes})."]
+    free = numerics.get("numerics_free")
+    if free is None:
+        return lines + ["", "Without such knobs: no searched config was validated; the baseline is the choice."]
+    settings = ", ".join(f"`{k}={v}`" for k, v in free["overrides"].items()) or "the baseline's settings"
+    met = "every SLO in every repeat" if free["eligible"] else f"not eligible: {free['why_not']}"
+    return lines + ["", f"Without such knobs, validated in the same gate: **{free['candidate']}** ({settings}): "
+                    f"median {objective.format_score(free['median'])}, {_pct(free['vs_baseline'])} vs the "
+                    f"baseline, {met}."]
 
 
 def kept_summary(objective: Objective, *, capital: bool = False) -> str:

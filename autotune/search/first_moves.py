@@ -181,22 +181,19 @@ def _categorical_move(
 
 
 def _clamped_baseline(space: SearchSpace, baseline: Mapping[str, Any]) -> dict[str, Any]:
-    """The baseline's values, clamped into the space: the knobs a move leaves alone (a baseline
-    outside the space, e.g. vLLM's 1024 sequences in a 1-32 space, is represented by the
-    nearest bound)."""
-    values = {name: _clamp(spec, baseline[name]) for name, spec in space.params.items() if name in baseline}
-    return {name: v for name, v in values.items() if v is not None}
-
-
-def _clamp(param: ParamSpec, value: Any) -> Any:
-    if param.contains(value):
-        return value
-    if param.type == "categorical" or param.low is None or param.high is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    clamped = min(max(float(value), param.low), param.high)
-    return int(clamped) if param.type in ("int", "pow2") else clamped
+    """The baseline's values, clamped into the space: the knobs a move leaves alone. A space
+    built from the baseline contains them (space.covering), so a move changes its knob and
+    nothing else; a `--space` file that excludes one is represented by the nearest bound, and
+    said so (SearchSpace.clamps: the live line and the report)."""
+    values: dict[str, Any] = {}
+    for name, spec in space.params.items():
+        if name not in baseline:
+            continue
+        if spec.contains(baseline[name]):  # None included, where it is a choice (vLLM's default)
+            values[name] = baseline[name]
+        elif spec.clamp(baseline[name]) is not None:
+            values[name] = spec.clamp(baseline[name])
+    return values
 
 
 def memory_descent(

@@ -107,6 +107,15 @@ class GateRunner:
                 break
         return chosen
 
+    def numerics_free(self, study: optuna.Study, top: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+        """The best feasible trial that changes no numerics (autotune.search.numerics), when
+        every one of `top` does: validated in the same gate, so that the report can show the
+        user a config with the baseline's outputs beside the faster one. Else nothing."""
+        if not top or not all(t.user_attrs.get("changes_numerics") for t in top):
+            return []
+        ranked = self.best_trials(study, len(study.trials))
+        return [t for t in ranked if not t.user_attrs.get("changes_numerics")][:1]
+
     def decide(self, measurements: Sequence[Measurement]) -> GateDecision:
         """The gate's rule for this study's objective (autotune.search.gate)."""
         if self.inputs.objective.kind == "min-memory":
@@ -169,6 +178,7 @@ class GateRunner:
         """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
         options = self.options
         top = self.best_trials(study, options.top_k)
+        top += self.numerics_free(study, top)
         candidates: dict[str, ServerConfig] = {BASELINE: trial_config(self.inputs.baseline, {})}
         for trial in top:
             candidates[trial_label(trial.number)] = trial_config(self.inputs.baseline, trial.user_attrs.get("overrides", {}))

@@ -60,7 +60,8 @@ class ParamSpec(BaseModel):
     high: float | None = None
     log: bool = False
     step: float | None = None
-    choices: list[Scalar] | None = None
+    # A null choice is vLLM's default for that argument (a config file then leaves it out).
+    choices: list[Scalar | None] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ParamSpec:
@@ -98,6 +99,18 @@ class ParamSpec(BaseModel):
             return float(value).is_integer() and _is_pow2(int(value))
         return True
 
+    def clamp(self, value: Any) -> Any:
+        """`value` if the space can propose it, else the nearest bound (a number outside the
+        range), else None (a value of another kind, a choice not listed)."""
+        if self.contains(value):
+            return value
+        if self.type == "categorical" or self.low is None or self.high is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        clamped = min(max(float(value), self.low), self.high)
+        return int(clamped) if self.type in ("int", "pow2") else clamped
+
     def describe(self) -> str:
         if self.type == "categorical":
             return "one of " + ", ".join(str(c) for c in self.choices or [])
@@ -128,10 +141,18 @@ class SpaceFile(BaseModel):
 # Defaults and engine-argument names
 
 
-def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> dict[str, ParamSpec]:
-    """The product card's space. On CPU `gpu_memory_utilization` is the share of CPU memory
-    vLLM's worker may use, KV cache included (0.92 fails on a 24 GB machine). Its band stays
-    near the embedded default (0.1 of a node of 15 GiB or more): the CPU demo's trials used < 0.1% of 0.3's KV cache
+def default_params(
+    accelerator: Accelerator,
+    *,
+    wide_memory: bool = False,
+    baseline: Mapping[str, Any] | None = None,
+) -> dict[str, ParamSpec]:
+    """The product card's space, widened to contain the baseline's resolved values
+    (`baseline`: engine argument -> value, vLLM's defaults resolved; `covering`).
+
+    On CPU `gpu_memory_utilization` is the share of CPU memory vLLM's worker may use, KV cache
+    included (0.92 fails on a 24 GB machine). Its band stays near the embedded default (0.1 of
+    a node of 15 GiB or more): the CPU demo's trials used < 0.1% of 0.3's KV cache
     (results/cpu-2026-11-23/run10), and each GiB more costs ~2.5 s of every start.
 
     `wide_memory` (the min-memory objective): memory from 0.05 up, in steps of 0.05, so that a
@@ -148,13 +169,57 @@ def default_params(accelerator: Accelerator, *, wide_memory: bool = False) -> di
 
         share = cpu_memory_share(cpu_node_memory())
         memory = ParamSpec(type="float", low=round(0.8 * share, 4), high=round(min(1.6 * share, 0.9), 4))
-    return {
+    params = {
         "max_num_seqs": ParamSpec(type="int", low=1, high=32, log=True),
         "max_num_batched_tokens": ParamSpec(
             type="pow2", low=32, high=8192 if accelerator == "gpu" else 4096
         ),
         "gpu_memory_utilization": memory,
     }
+    return {name: covering(param, (baseline or {}).get(name)) for name, param in params.items()}
+
+
+def covering(param: ParamSpec, value: Any) -> ParamSpec:
+    """`param` widened so that it contains `value` (a baseline's resolved value; None or a
+    non-number: `param` as it is). A space that cannot reach the baseline wastes every trial:
+    on an H200 vLLM resolved 1024 sequences, the card's range was 1-32, and every first move
+    changed two knobs at once (issue 58).
+
+    - a count (int): its range stretched to the value (`max_num_seqs` 1..max(32, baseline));
+    - a power of two: stretched to the value's power of two when it is one, else an int range
+      on the same (log) scale, 2**k values and the baseline's both reachable;
+    - a fraction (memory): a band as wide as the card's, centred on the value, within (0, 1]
+      (a stepped band: a bound moved by whole steps to the value)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return param
+    if param.type == "categorical" or param.contains(value):
+        return param
+    assert param.low is not None and param.high is not None
+    if param.type == "int":
+        if float(value).is_integer() and value >= 1:
+            return param.model_copy(update={"low": min(param.low, value), "high": max(param.high, value)})
+        return param
+    if param.type == "pow2":
+        if not float(value).is_integer() or value < 1:
+            return param
+        whole = int(value)
+        if _is_pow2(whole):
+            return param.model_copy(update={"low": min(param.low, whole), "high": max(param.high, whole)})
+        return ParamSpec(type="int", low=min(param.low, whole), high=max(param.high, whole), log=True)
+    if not 0 < value <= 1:
+        return param
+    if param.step:
+        # Bounds moved by whole steps: the grid keeps its step (Optuna would cut a bound off it).
+        step = param.step
+        low, high = param.low, param.high
+        if value > high:
+            high = low + math.ceil((value - low) / step - 1e-9) * step
+        else:
+            low = high - math.ceil((high - value) / step - 1e-9) * step
+        return param.model_copy(update={"low": round(max(low, step), 10), "high": round(min(high, 1.0), 10)})
+    half = (param.high - param.low) / 2
+    low, high = max(value - half, 0.01), min(value + half, 1.0)
+    return param.model_copy(update={"low": round(min(low, value), 4), "high": round(max(high, value), 4)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,8 +245,15 @@ class SearchSpace:
         self.source = source
 
     @classmethod
-    def default(cls, accelerator: Accelerator, *, wide_memory: bool = False) -> SearchSpace:
-        return cls(default_params(accelerator, wide_memory=wide_memory))
+    def default(
+        cls,
+        accelerator: Accelerator,
+        *,
+        wide_memory: bool = False,
+        baseline: Mapping[str, Any] | None = None,
+    ) -> SearchSpace:
+        """The built-in space, containing `baseline`'s values (`default_params`)."""
+        return cls(default_params(accelerator, wide_memory=wide_memory, baseline=baseline))
 
     @classmethod
     def load(
@@ -191,9 +263,11 @@ class SearchSpace:
         *,
         known_names: frozenset[str] | None = None,
         wide_memory: bool = False,
+        baseline: Mapping[str, Any] | None = None,
     ) -> SearchSpace:
-        """Read `--space FILE.yaml` on top of the defaults; names are checked against
-        `known_names` (AsyncEngineArgs fields) when given."""
+        """Read `--space FILE.yaml` on top of the defaults (which contain `baseline`'s values);
+        names are checked against `known_names` (AsyncEngineArgs fields) when given. A range
+        the file sets is kept as written, even where it excludes the baseline (`clamps`)."""
         path = Path(path)
         try:
             raw = yaml.safe_load(path.read_text())
@@ -211,7 +285,8 @@ class SearchSpace:
             raise AutotuneError(
                 f"{path}: field '{field}' = {first.get('input')!r}: {first['msg']}"
             ) from None
-        params = dict(default_params(accelerator, wide_memory=wide_memory)) if spec.extend_defaults else {}
+        params = (dict(default_params(accelerator, wide_memory=wide_memory, baseline=baseline))
+                  if spec.extend_defaults else {})
         for name, param in spec.params.items():
             if param is None:
                 params.pop(name, None)
@@ -227,6 +302,12 @@ class SearchSpace:
         if known_names is not None:
             space.check_names(known_names)
         return space
+
+    def extended(self, params: Mapping[str, ParamSpec]) -> SearchSpace:
+        """This space with `params` added where it has no parameter of that name (one the
+        space file sets is kept as written); the same relations and source."""
+        added = {name: param for name, param in params.items() if name not in self.params}
+        return SearchSpace({**self.params, **added}, self.relations, source=self.source) if added else self
 
     def check_names(self, known: frozenset[str]) -> None:
         """Every parameter and relation operand must be an engine argument of this vLLM (or one
@@ -290,10 +371,30 @@ class SearchSpace:
         fixed: dict[str, Any] = {}
         for name, param in self.params.items():
             value = engine_values.get(name)
-            if value is None or not param.contains(value):
+            # None is a value only as a listed choice (vLLM's default, e.g. quantization: null).
+            if name not in engine_values or not param.contains(value):
                 continue
             fixed[_optuna_name(name, param)] = int(math.log2(int(value))) if param.type == "pow2" else value
         return fixed
+
+    def clamps(self, values: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """The parameters whose value in `values` (the baseline's) the space cannot propose:
+        name -> (that value, what a move from it starts from: the nearest bound, or None when
+        the parameter is left to the sampler). A move then changes these knobs too."""
+        found: dict[str, tuple[Any, Any]] = {}
+        for name, param in self.params.items():
+            if name in values and values[name] is not None and not param.contains(values[name]):
+                found[name] = (values[name], param.clamp(values[name]))
+        return found
+
+    def describe_clamps(self, values: Mapping[str, Any]) -> list[str]:
+        """One line per clamped knob (`clamps`), for the live line and the report."""
+        lines = []
+        for name, (value, clamped) in self.clamps(values).items():
+            to = f"clamped to {clamped}" if clamped is not None else "left to the sampler"
+            lines.append(f"{name}: the baseline's {value} is outside the space ({self.params[name].describe()}, "
+                         f"{self.source}); searched configs and first moves use it {to}")
+        return lines
 
     def broken_relations(self, values: Mapping[str, Any]) -> list[str]:
         """The texts of the relations `values` breaks (unknown operands do not count)."""

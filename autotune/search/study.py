@@ -38,6 +38,7 @@ from autotune.measure.signals import stop_reason
 from autotune.progress import format_duration, progress_line
 from autotune.search.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent, rebase
 from autotune.search.gate_runner import GateRunner, Runner, ValidationResult
+from autotune.search.numerics import numerics_changes
 from autotune.search.objective import (
     CONFIG_FAILURES,
     STUDY_STOPPING_FAILURES,
@@ -409,6 +410,9 @@ class TuningStudy:
         config = self.trial_config(params)
         context = config.searchable_values(self.inputs.effective_defaults)
         trial.set_user_attr("engine_params", {k: context.get(k) for k in self.inputs.space.params})
+        changes = numerics_changes(context, self.inputs.baseline.searchable_values(self.inputs.effective_defaults))
+        if changes:  # marked wherever the trial is shown; the gate validates a config without them
+            trial.set_user_attr("changes_numerics", changes)
         trial.set_user_attr("overrides", params)
         # vLLM's defaults are marked as such in the report; our server's settings are always set.
         set_here = {*explicit_engine(config), *SEARCHABLE_SERVING_SETTINGS}

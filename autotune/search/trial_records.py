@@ -10,6 +10,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.measure.kv_cache import KVCacheSize
+from autotune.search.numerics import describe_changes
 from autotune.search.objective import MEMORY_KNOB, Evaluation, Objective
 from server.config import ServerConfig
 
@@ -152,7 +153,8 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
         status = headroom_status(trial.user_attrs["headroom"], trial.user_attrs.get("broke_first"))
     if trial.user_attrs.get("move"):
         params = f"first move {trial.user_attrs['move']}: {params}"
-    return f"{objective.format_score(score)}, {status} ({params})"
+    numerics = describe_changes(trial.user_attrs.get("changes_numerics") or {})
+    return f"{objective.format_score(score)}, {status} ({params})" + (f"; {numerics}" if numerics else "")
 
 
 def headroom_status(headroom: float, broke_first: str | None) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import optuna
+
 from autotune.decide.report import trial_rows, validation_section
 from autotune.measure.ladder import CapacityResult, LadderStep
 from autotune.measure.limits import limiting_slo
@@ -252,3 +254,47 @@ def test_a_min_memory_study_bisects_memory_to_the_least_that_meets_the_slos(tmp_
     assert memory[:5] == [0.3, 0.2, 0.15, 0.18, 0.17]
     best = study.gate.best_trials(study.study, 1)[0]
     assert best.values == [0.17]
+
+
+# -- a first move changes the knob it names and nothing else (issue 58) -----------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from autotune.search.numerics import numerics_params  # noqa: E402
+
+LIMITS = {  # what the baseline's ladder showed -> its (passing, failing) steps
+    "tpot": (step(1, True, 200, 40), step(2, False, 300, 90)),
+    "ttft, full batch": (step(1, True, 300, 20, waiting=40, running=4096), step(2, False, 2000, 22)),
+    "ttft": (step(1, True, 300, 20), step(2, False, 2000, 22)),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seqs=st.integers(1, 4096),
+    batched=st.one_of(st.sampled_from([512, 2048, 8192, 16384]), st.integers(64, 65536)),
+    memory=st.floats(0.05, 0.98),
+    accelerator=st.sampled_from(["gpu", "cpu"]),
+    limit=st.sampled_from(sorted(LIMITS)),
+    fp8=st.booleans(),
+)
+def test_a_first_move_never_changes_a_knob_it_does_not_name(
+    seqs: int, batched: int, memory: float, accelerator: str, limit: str, fp8: bool
+) -> None:
+    """On the H200 the baseline's 1024 sequences were clamped into 1-32: both moves ran with
+    32 sequences, TTFT broke from queueing, and the gate kept the baseline. Here: the config
+    the move's trial really runs (enqueued, asked of Optuna, suggested) is the baseline's with
+    one knob changed, whatever the baseline, with or without the fp8 knobs in the space."""
+    resolved = {"max_num_seqs": seqs, "max_num_batched_tokens": batched, "gpu_memory_utilization": memory}
+    space = SearchSpace.default(accelerator, baseline=resolved)  # type: ignore[arg-type]
+    # What the baseline's trial records (engine_params): every space knob, None where vLLM's default.
+    baseline = {**resolved, **{name: None for name in numerics_params(["fp8"] if fp8 else [], {})}}
+    space = space.extended(numerics_params(["fp8"] if fp8 else [], baseline))
+    moves = first_moves(capacity(*LIMITS[limit]), SLOS, space, baseline)  # none: at the space's edge
+    study = optuna.create_study()
+    for move in moves:
+        study.enqueue_trial(space.fixed_params(move.values))
+        ran = space.suggest(study.ask())
+        changed = {name for name in space.params if ran[name] != baseline[name]}
+        assert changed == {move.knob}, (move.name, ran)

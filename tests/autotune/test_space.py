@@ -109,3 +109,39 @@ def test_every_committed_space_file_loads_and_proposes_configs_vllm_takes(path: 
         ServerConfig.model_validate(ServerConfig(engine={"model": "m"}).with_overrides(values).model_dump())
     if path.name == "space-long-prefill.yaml":  # the default space plus vLLM's per-request prefill cap
         assert set(space.params) == {*SearchSpace.default("gpu").params, "long_prefill_token_threshold"}
+
+
+# -- the space contains the baseline (issue 58) ---------------------------------------------
+
+H200_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.92}
+
+
+@pytest.mark.parametrize("accelerator", ["gpu", "cpu"])
+@pytest.mark.parametrize("resolved", [
+    H200_DEFAULTS,  # vLLM's defaults as an H200 resolved them
+    {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.3},  # a small config
+    {"max_num_seqs": 8, "max_num_batched_tokens": 16384, "gpu_memory_utilization": 0.5},
+    {"max_num_seqs": 256, "max_num_batched_tokens": 5000, "gpu_memory_utilization": 0.98},  # not a power of two
+])
+def test_the_default_space_contains_the_resolved_baseline(accelerator: str, resolved: dict) -> None:
+    """On an H200 the card's 1-32 sequences could not hold vLLM's 1024: every first move then
+    changed two knobs at once and the search never measured a config near the defaults."""
+    space = SearchSpace.default(accelerator, baseline=resolved)  # type: ignore[arg-type]
+    for name, value in resolved.items():
+        assert space.params[name].contains(value), (name, value, space.params[name].describe())
+    assert space.clamps(resolved) == {}
+    # The baseline is enqueued whole: every knob of it is a value the sampler knows.
+    assert len(space.fixed_params(resolved)) == len(resolved)
+    # Still the card's ranges around it: small batches and the card's top stay reachable.
+    assert space.params["max_num_seqs"].contains(1) and space.params["max_num_seqs"].contains(32)
+    assert space.params["max_num_batched_tokens"].contains(32)
+
+
+def test_a_space_file_that_excludes_the_baseline_says_which_knob_is_clamped(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text("params:\n  max_num_seqs: {type: int, low: 1, high: 64, log: true}\n")
+    space = SearchSpace.load(path, "gpu", baseline=H200_DEFAULTS)
+    assert space.clamps(H200_DEFAULTS) == {"max_num_seqs": (1024, 64)}  # the file's range is kept
+    [line] = space.describe_clamps(H200_DEFAULTS)
+    assert line.startswith("max_num_seqs: the baseline's 1024 is outside the space (int 1..64")
+    assert str(path) in line and "clamped to 64" in line
