@@ -111,3 +111,23 @@ def test_the_report_shows_the_mark_and_the_numerics_free_config_beside_the_winne
     assert "Without such knobs, validated in the same gate: **trial-0003** (`max_num_batched_tokens=1024`)" in text
     assert "+10.0% vs the baseline, every SLO in every repeat" in text
     assert numerics_record({}, gate, "trial-0001", overrides.get, objective.rank_key) is None
+
+
+def test_best_yaml_says_the_config_changes_numerics_and_names_the_alternative() -> None:
+    from autotune.decide.export import header_text
+
+    provenance = {
+        "date": "2026-12-01T22:00:00+00:00", "study": {"name": "s"}, "objective": "capacity",
+        "slos": ["ttft_p95_ms=1000"], "model": "m", "vllm_version": "0.24.0",
+        "hardware": {"gpus": ["NVIDIA H200"], "cpu": "x", "cpu_count": 16},
+        "workload": {"source": "t.jsonl", "fingerprint": "f"},
+        "decision": {"kept_baseline": False, "emitted": "trial-0004", "reason": "beats the baseline"},
+        "numerics": {"note": NUMERICS_NOTE, "changes": {"quantization": "fp8"},
+                     "numerics_free": {"candidate": "trial-0002", "overrides": {"max_num_batched_tokens": 1024},
+                                       "median": 22.3, "eligible": True}},
+    }
+    header = header_text(provenance)
+    assert "CHANGES NUMERICS: CHECK OUTPUT QUALITY BEFORE DEPLOYING (quantization=fp8)" in header
+    assert "without such knobs: trial-0002 max_num_batched_tokens=1024, gate median 22.3" in header
+    del provenance["numerics"]
+    assert "NUMERICS" not in header_text(provenance)
