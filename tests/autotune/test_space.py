@@ -145,3 +145,24 @@ def test_a_space_file_that_excludes_the_baseline_says_which_knob_is_clamped(tmp_
     [line] = space.describe_clamps(H200_DEFAULTS)
     assert line.startswith("max_num_seqs: the baseline's 1024 is outside the space (int 1..64")
     assert str(path) in line and "clamped to 64" in line
+
+
+@pytest.mark.parametrize("seqs", [1024, 8])
+def test_autotune_runs_space_contains_the_baseline_vllm_resolves(tmp_path: Path, seqs: int) -> None:
+    """Through `autotune run`'s preparation (vLLM resolves the baseline's defaults): the space
+    the study searches holds the baseline's every knob, so no move has to clamp one."""
+    from autotune.cli import build_parser
+    from autotune.prepare import prepare_plan
+    from autotune.run_cli import run_request
+
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(f"max_num_seqs: {seqs}\n")
+    sample = Path(__file__).resolve().parents[2] / "workloads" / "samples" / "translation_trace.jsonl"
+    args = build_parser().parse_args(["run", "--workload", str(sample), "--baseline", str(baseline),
+                                      "--output-dir", str(tmp_path / "out")])
+    plan = prepare_plan(run_request(args))
+    resolved = plan.baseline.searchable_values(plan.effective_defaults)
+    assert resolved["max_num_seqs"] == seqs
+    for name, param in plan.space.params.items():
+        assert param.contains(resolved[name]), (name, resolved[name], param.describe())
+    assert plan.space.describe_clamps(resolved) == []
