@@ -353,7 +353,7 @@ def run_worker(
         def between_trials() -> None:
             roster.reap_departed()
             # Once the baseline's trial has failed no trial can be judged: every worker stops.
-            stop_if_baseline_failed(tuning.study)
+            stop_if_baseline_failed(tuning.study, infeasible_ok=plan.search_anyway)
 
         tuning.between_trials = between_trials
         previous = len(storage.get_all_trials(storage.get_study_id_from_name(study_name), deepcopy=False))

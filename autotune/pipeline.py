@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def execute(plan: TuningPlan, *, runner: Any, reap: Callable[[Path], list[int]] 
         trial_attrs={"host": socket.gethostname()},
     )
     # Without a measured baseline nothing the search finds can be judged: stop at once.
-    tuning.between_trials = lambda: stop_if_baseline_failed(tuning.study)
+    tuning.between_trials = lambda: stop_if_baseline_failed(tuning.study, infeasible_ok=plan.search_anyway)
     study = tuning.open()
     say(
         f"study {plan.study_name} in {redact(plan.storage_url)}: objective "
@@ -145,7 +146,7 @@ def finish(
     Only a study with a measured baseline gets a gate and a best.yaml; without one, report.md
     says what failed and NothingMeasured (exit 12) is raised.
     """
-    problem = baseline_problem(study)
+    problem = baseline_problem(study, infeasible_ok=plan.search_anyway)
     if problem is None:
         result = tuning.validate(study)
     else:
@@ -182,7 +183,7 @@ def finish(
         trial_server=plan.trial_server,
         deployed=verdict_config,
     )
-    capacity = capacity_figures(plan, decision, gated=bool(result.measurements),
+    capacity = capacity_figures(plan, decision, result.measurements,
                                 baseline_trial=tuning.gate.baseline_trial(study))
     numerics = numerics_figures(plan, study, decision, verdict_config)
     if numerics is not None:
@@ -273,40 +274,57 @@ def numerics_figures(
 
 
 def capacity_figures(
-    plan: TuningPlan, decision: GateDecision, *, gated: bool, baseline_trial: Any
+    plan: TuningPlan, decision: GateDecision, measurements: Sequence[Measurement], *, baseline_trial: Any
 ) -> dict[str, Any] | None:
     """Capacity and headroom of the baseline and the winner for best.yaml's provenance, the
     report and the last lines: medians of the gate's held-out repeats, or, when no gate ran,
-    the baseline's search measurement on the tuning window (and the figures say which)."""
+    the baseline's search measurement on the tuning window (and the figures say which).
+
+    Each capacity is the offered rate (as sent) of the highest passing ladder step; beside it
+    the first failing step's offered rate (median over the repeats), the bracket the capacity
+    is known within. A config with no failing step above its capacity is a lower bound."""
     if not plan.objective.measures_capacity:
         return None
-    if gated and decision.baseline_median is not None:
+    if measurements and decision.baseline_median is not None:
         recorded = recorded_rate(plan.holdout_window)
         base = float(decision.baseline_median)
         source = "held-out window, median of the gate's repeats"
+        runs = {name: [m for m in measurements if m.candidate == name and m.ok]
+                for name in (BASELINE, decision.winner)}
+        fails = {name: [m.first_fail_rps for m in found] for name, found in runs.items()}
     elif baseline_trial is not None and baseline_trial.user_attrs.get("capacity_rps") is not None:
         recorded = recorded_rate(plan.tuning_window)
         base = float(baseline_trial.user_attrs["capacity_rps"])
         source = "tuning window, the baseline's search trial (no gate ran)"
+        fails = {BASELINE: [baseline_trial.user_attrs.get("first_fail_rps")]}
     else:
         return None
 
-    def at_cap(rps: float) -> bool:
-        """The ladder met every SLO at its highest rate (--max-speedup): a lower bound."""
-        return recorded > 0 and rps / recorded >= plan.ladder.max_speedup * (1 - 1e-6)
+    def first_fail(name: str) -> float | None:
+        found = [f for f in fails.get(name, []) if f is not None]
+        return round(float(statistics.median(found)), 3) if found else None
+
+    def lower_bound(name: str) -> bool:
+        """No step failed above the capacity (the ladder reached --max-speedup): a lower bound."""
+        return bool(fails.get(name)) and all(f is None for f in fails[name])
 
     figures: dict[str, Any] = {
         "measured_on": source,
         "recorded_rps": round(recorded, 3),
         "baseline_rps": round(base, 3),
+        "baseline_first_fail_rps": first_fail(BASELINE),
         "baseline_headroom": round(base / recorded, 3) if recorded > 0 else None,
-        "baseline_lower_bound": at_cap(base),
+        "baseline_lower_bound": base > 0 and lower_bound(BASELINE),
     }
-    if gated and not decision.keep_baseline and decision.candidate_median is not None:
+    if measurements and not decision.keep_baseline and decision.candidate_median is not None:
         win = float(decision.candidate_median)
         figures["winner_rps"] = round(win, 3)
+        figures["winner_first_fail_rps"] = first_fail(decision.winner)
         figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None
-        figures["winner_lower_bound"] = at_cap(win)
+        figures["winner_lower_bound"] = lower_bound(decision.winner)
+    if decision.noise is not None:
+        figures["noise"] = round(decision.noise, 4)
+        figures["noise_source"] = decision.noise_source
     return figures
 
 

@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import AutotuneError
 from workloads.errors import WorkloadError
-from workloads.slo import SLO
+from workloads.slo import MIN_TAIL_SAMPLES, SLO, min_samples
 from workloads.trace import Trace
 from workloads.windows import WindowInfo, select_windows
 
-MIN_TAIL_REQUESTS = 10
+MIN_TAIL_REQUESTS = MIN_TAIL_SAMPLES
 RULE = f"at least {MIN_TAIL_REQUESTS} requests beyond the percentile: n >= {MIN_TAIL_REQUESTS} / (1 - p/100)"
 OverContext = Literal["refuse", "drop", "cap"]
 OVER_CONTEXT_CHOICES: tuple[str, ...] = ("refuse", "drop", "cap")
@@ -187,12 +187,6 @@ class Requirement(BaseModel):
     def unit(self) -> str:
         return {"tpot": "requests of 2+ output tokens", "itl": "inter-token gaps"}.get(
             self.metric, "requests")
-
-
-def min_samples(percentile: float) -> int:
-    """Samples a `percentile` needs: MIN_TAIL_REQUESTS beyond it (p95 -> 200, p99 -> 1,000)."""
-    tail = 1.0 - percentile / 100.0
-    return max(MIN_TAIL_REQUESTS, math.ceil(round(MIN_TAIL_REQUESTS / tail, 6)))
 
 
 def requirements(slos: Sequence[SLO], objective: Any = None) -> list[Requirement]:

@@ -91,6 +91,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--headroom", type=float, default=DEFAULT_HEADROOM, metavar="H",
         help="min-memory objective: every SLO must hold at H x the traffic's recorded rate "
              "(one load step at speed-up H per trial and per gate run) (default: %(default)s)")
+    add("--search-anyway", action="store_true",
+        help="search even when the baseline meets the SLOs at no load the ladder tries (by "
+             "default the run then ends with exit 12 and the SLO that cannot be met)")
     add_measurement_flags(add)
     add_server_flags(add)
     add("--workers-only", action="store_true",
@@ -155,6 +158,7 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
         slos=args.slo,
         objective=args.objective,
         headroom=args.headroom,
+        search_anyway=args.search_anyway,
         trial_server=trial_server(args.server, args.api_server_count),
         **measurement_fields(args),
     )

@@ -208,3 +208,14 @@ def slo_met(
         return within and failed <= allowed_misses(max(requests, failed), slo.percentile)
     value = run_percentile_ms(array, slo.percentile, failed=failed)
     return value is not None and value <= slo.threshold_ms
+
+
+# A percentile rests on enough samples when about this many lie beyond it.
+MIN_TAIL_SAMPLES = 10
+
+
+def min_samples(percentile: float) -> int:
+    """Samples (requests) a `percentile` needs: MIN_TAIL_SAMPLES beyond it, n >= 10 / (1 - p/100)
+    (p50 20, p90 100, p95 200, p99 1,000). Pre-flight asks it of a window, the ladder of a step."""
+    tail = 1.0 - percentile / 100.0
+    return max(MIN_TAIL_SAMPLES, math.ceil(round(MIN_TAIL_SAMPLES / tail, 6)))

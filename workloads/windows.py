@@ -74,6 +74,17 @@ def _features(
     )
 
 
+def stretch_features(
+    timestamps_ms: np.ndarray, inputs: np.ndarray, outputs: np.ndarray
+) -> WindowFeatures:
+    """The features of a run of consecutive requests, its rate over its own arrivals:
+    (n - 1) / (last - first), the rate a replay of just these requests offers."""
+    span_s = float(timestamps_ms[-1] - timestamps_ms[0]) / 1000.0 if len(timestamps_ms) > 1 else 0.0
+    features = _features(timestamps_ms, inputs, outputs, span_s)
+    rate = (len(timestamps_ms) - 1) / span_s if span_s > 0 else 0.0
+    return features.model_copy(update={"rate_rps": rate})
+
+
 def feature_distance(window: WindowFeatures, whole: WindowFeatures) -> float:
     """Root-mean-square of relative differences, feature by feature (scale-free)."""
     squares = []

@@ -27,9 +27,11 @@ from autotune.search.trial_records import is_baseline, trial_label
 from workloads.slo import SLO
 
 
-def baseline_failure(trials: Sequence[FrozenTrial]) -> str | None:
+def baseline_failure(trials: Sequence[FrozenTrial], *, infeasible_ok: bool = False) -> str | None:
     """Why the baseline's latest trial failed, or None: it was measured, is still to run (queued
-    or running), or was cut short from outside (Ctrl-C, a lost worker) and will run again."""
+    or running), or was cut short from outside (Ctrl-C, a lost worker) and will run again.
+    A baseline whose ladder found no load that meets the SLOs (`infeasible`) has nothing to be
+    compared with either, unless `infeasible_ok` (`--search-anyway`)."""
     baselines = [t for t in trials if is_baseline(t)]
     if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in baselines):
         return None
@@ -38,6 +40,9 @@ def baseline_failure(trials: Sequence[FrozenTrial]) -> str | None:
         return None
     last = finished[-1]
     failure = last.user_attrs.get("failure")
+    if not failure and last.user_attrs.get("infeasible") and not infeasible_ok:
+        return (f"the baseline's trial {trial_label(last.number)}: {last.user_attrs['infeasible']} "
+                f"(--search-anyway searches all the same)")
     if not failure or last.user_attrs.get("interrupted"):
         return None
     detail = last.user_attrs.get("failure_detail")
@@ -45,10 +50,10 @@ def baseline_failure(trials: Sequence[FrozenTrial]) -> str | None:
     return f"the baseline's trial {trial_label(last.number)} failed ({why})"
 
 
-def baseline_problem(study: optuna.Study) -> str | None:
+def baseline_problem(study: optuna.Study, *, infeasible_ok: bool = False) -> str | None:
     """Why the study has no measured baseline to compare against, or None when it has one."""
     trials = study.get_trials(deepcopy=False)
-    failed = baseline_failure(trials)
+    failed = baseline_failure(trials, infeasible_ok=infeasible_ok)
     if failed is not None:
         return failed
     measured = [t for t in trials if is_baseline(t) and t.state == TrialState.COMPLETE
@@ -58,11 +63,11 @@ def baseline_problem(study: optuna.Study) -> str | None:
     return None
 
 
-def stop_if_baseline_failed(study: optuna.Study | None) -> None:
+def stop_if_baseline_failed(study: optuna.Study | None, *, infeasible_ok: bool = False) -> None:
     """Between trials: raise NothingMeasured once the baseline's trial has failed."""
     if study is None:
         return
-    failed = baseline_failure(study.get_trials(deepcopy=False))
+    failed = baseline_failure(study.get_trials(deepcopy=False), infeasible_ok=infeasible_ok)
     if failed is not None:
         raise NothingMeasured(failed)
 

@@ -17,7 +17,7 @@ from autotune.decide.export import preflight_lines, trial_server_lines, vllm_ser
 from autotune.decide.report_plots import ReportInputs, write_plots
 from autotune.measure.kv_cache import KVCacheSize, kv_cache_note
 from autotune.progress import format_duration
-from autotune.search.gate import BASELINE, Measurement, candidate_stats
+from autotune.search.gate import BASELINE, Measurement, candidate_stats, noise_text
 from autotune.search.objective import Objective
 from autotune.search.trial_records import is_baseline, lost_worker, trial_label
 from server.config import SEARCHABLE_SERVING_SETTINGS
@@ -306,26 +306,37 @@ def memory_line(memory: dict[str, Any], kept_baseline: bool) -> str:
 
 
 def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
-    """The first line of a capacity report: how much of the user's traffic each config carries."""
+    """The first line of a capacity report: how much of the user's traffic each config carries,
+    as offered rates the ladder's steps really sent: the highest passing step's, and the first
+    failing step's above it (the bracket the capacity is known within)."""
     recorded = capacity["recorded_rps"]
     base = capacity.get("baseline_rps")
     # Met every SLO at the ladder's highest rate (--max-speedup): the cliff is further up.
     base_least = "at least " if capacity.get("baseline_lower_bound") else ""
     win_least = "at least " if capacity.get("winner_lower_bound") else ""
+    where = capacity.get("measured_on", "held-out median")
+    noise = (f"; noise {capacity['noise']:.1%} ({capacity['noise_source']})"
+             if capacity.get("noise") is not None else "")
     text = (
         f"**Headroom: the baseline carries {base_least}{_fmt(capacity.get('baseline_headroom'))}x your "
-        f"recorded traffic** ({_fmt(base)} req/s with every SLO met vs {_fmt(recorded)} req/s "
-        f"recorded; {capacity.get('measured_on', 'held-out median')})"
+        f"recorded traffic** ({_offered(base, capacity.get('baseline_first_fail_rps'))} vs "
+        f"{_fmt(recorded)} req/s recorded; {where}{noise})"
     )
     if not kept_baseline and capacity.get("winner_rps") is not None:
         text = (
             f"**Headroom: the exported config carries {win_least}{_fmt(capacity.get('winner_headroom'))}x your "
-            f"recorded traffic** ({_fmt(capacity['winner_rps'])} req/s with every SLO met vs "
-            f"{_fmt(recorded)} req/s recorded; {capacity.get('measured_on', 'held-out median')}); "
-            f"the baseline carries "
-            f"{base_least}{_fmt(capacity.get('baseline_headroom'))}x ({_fmt(base)} req/s)"
+            f"recorded traffic** ({_offered(capacity['winner_rps'], capacity.get('winner_first_fail_rps'))} "
+            f"vs {_fmt(recorded)} req/s recorded; {where}{noise}); the baseline carries "
+            f"{base_least}{_fmt(capacity.get('baseline_headroom'))}x "
+            f"({_offered(base, capacity.get('baseline_first_fail_rps'))})"
         )
     return text + "."
+
+
+def _offered(rps: float | None, first_fail_rps: float | None) -> str:
+    """"12.1 req/s offered with every SLO met, 13.4 failed": a capacity and its bracket."""
+    text = f"{_fmt(rps)} req/s offered with every SLO met"
+    return text + (f", {_fmt(first_fail_rps)} failed" if first_fail_rps is not None else "")
 
 
 def _hardware(hardware: dict[str, Any]) -> str:
@@ -353,12 +364,14 @@ def validation_section(inputs: ReportInputs) -> list[str]:
     # Side-by-side comparisons (--compare) are measured with the rest but never decided on.
     others = list(dict.fromkeys(m.candidate for m in inputs.measurements if m.candidate not in measured))
     extra = [candidate_stats(name, [m for m in inputs.measurements if m.candidate == name]) for name in others]
+    capacity = objective.kind == "capacity"
     for stats in [*decision.stats, *extra]:
         change = None if not base or stats.candidate == BASELINE else (stats.median - base) / base
+        runs = sorted((m for m in inputs.measurements if m.candidate == stats.candidate), key=lambda m: m.repeat)
         rows.append(
             [
                 stats.candidate + (" (emitted)" if stats.candidate == decision.winner else ""),
-                ", ".join(_fmt(v) for v in stats.values),
+                ", ".join(_bracket(m) for m in runs) if capacity and runs else ", ".join(_fmt(v) for v in stats.values),
                 _fmt(stats.median),
                 _pct(change),
                 "-" if stats.relative_spread is None else f"{stats.relative_spread:.1%}",
@@ -372,8 +385,10 @@ def validation_section(inputs: ReportInputs) -> list[str]:
     if broke_column:
         for row, stats in zip(rows, [*decision.stats, *extra], strict=True):
             row.append("; ".join(dict.fromkeys(broke.get(stats.candidate, []))) or "-")
+    per_repeat = (f"{objective.label} per repeat, passed-failed step offered ({objective.unit})"
+                  if capacity else f"{objective.label} per repeat ({objective.unit})")
     lines = _table(
-        ["config", f"{objective.label} per repeat ({objective.unit})", "median", "vs baseline",
+        ["config", per_repeat, "median", "vs baseline",
          "spread", "every SLO every repeat", *(["broke first"] if broke_column else [])],
         rows,
     )
@@ -382,9 +397,11 @@ def validation_section(inputs: ReportInputs) -> list[str]:
             "",
             f"Best candidate {decision.best_candidate}: effect {_pct(decision.effect)}, "
             f"{decision.confidence:.0%} bootstrap CI of the median difference "
-            f"[{_fmt(decision.ci_low)}, {_fmt(decision.ci_high)}] {objective.unit}; baseline noise "
-            f"(relative spread) {'-' if decision.noise is None else f'{decision.noise:.1%}'}. "
-            "Rule: emit only if the CI lies above 0 and the effect exceeds the baseline's spread.",
+            f"[{_fmt(decision.ci_low)}, {_fmt(decision.ci_high)}] {objective.unit}; noise used "
+            f"{noise_text(decision.noise, decision.noise_source)}. "
+            "Rule: emit only if the CI lies above 0 and the effect exceeds the noise (the baseline's "
+            "spread over its repeats, never less than the capacity's resolution: the gap between "
+            "the last passing and first failing ladder step).",
         ]
     if objective.kind == "min-memory":
         lines += [
@@ -398,6 +415,16 @@ def validation_section(inputs: ReportInputs) -> list[str]:
         lines += ["", "SLO headroom (threshold minus the worst repeat's percentile; negative = missed):", ""]
         lines += _table(["config", *[s.spec() for s in inputs.slos]], headroom)
     return lines
+
+
+def _bracket(run: Measurement) -> str:
+    """One repeat's capacity with its bracket: "12.1-13.4" (the offered rates of the last
+    passing and the first failing step), ">=12.1" when none failed above it."""
+    if not run.ok and run.value <= 0:
+        return "failed"
+    if run.first_fail_rps is None:
+        return f">={_fmt(run.value)}" if run.value > 0 else "0"
+    return f"{_fmt(run.value)}-{_fmt(run.first_fail_rps)}"
 
 
 def _headroom(measurements: Sequence[Measurement], slos: Sequence[SLO]) -> list[list[str]]:

@@ -63,10 +63,12 @@ from autotune.measure.scraper import (
 )
 from autotune.measure.settle import ServerSettler
 from workloads.prompts import PromptFactory
+from workloads.reconcile import Reconciliation, reconcile
 from workloads.replay import ProgressCallback, ReplayMode, ReplayOptions, replay
 from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary
-from workloads.slo import SLO, request_value_ms
+from workloads.slo import SLO, allowed_misses, min_samples, request_value_ms, slo_met
 from workloads.trace import Trace
+from workloads.windows import feature_distance, stretch_features
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,8 @@ __all__ = [
     "allowed_misses",
     "client_fell_behind",
     "recorded_rate",
+    "requests_for_percentile",
+    "requests_for_slos",
     "step_trace",
 ]
 
@@ -136,8 +140,14 @@ class LadderStep(BaseModel):
 
     index: int
     speedup: float
-    offered_rps: float  # requests / their arrival span, as sent
+    # What the step offered, measured from what the client sent: requests over the span of
+    # their send times (a step stopped early: what it sent by then). Capacity is credited this.
+    offered_rps: float
+    planned_rps: float | None = None  # the step trace's own arrival rate, as scheduled
     requests: int  # planned
+    # Share of the step's span with at least one request in flight: below ~0.5 the server
+    # was mostly idle, so a miss is not load (`LoadLadder.run` stops descending there).
+    busy_share: float | None = None
     passed: bool
     scored: bool = True  # False: the client fell behind; kept in `CapacityResult.unscored`
     abandoned: bool = False  # stopped early: certain to fail
@@ -149,26 +159,58 @@ class LadderStep(BaseModel):
     seconds: float  # replay
     drain_s: float = 0.0  # waiting for the server to be idle again after the step
     settle_probes_ms: list[float | None] = []  # the lone requests' TTFTs then (None: failed)
+    # Planned / sent / completed / failed, tokens requested vs received, send-lag: a step
+    # whose counts do not add up is not scored (workloads.reconcile).
+    reconciliation: Reconciliation | None = None
 
 
 class CapacityResult(BaseModel):
     """What a ladder found; also written to `ladder.json` in the trial folder."""
 
-    capacity_rps: float  # highest passing offered rate; 0 when no step passed
+    # The offered rate (as sent) of the highest passing step; 0 when no step passed.
+    capacity_rps: float
     capacity_speedup: float | None
     recorded_rps: float  # the window's own rate
-    first_fail_rps: float | None  # lowest failing offered rate above the capacity
+    first_fail_rps: float | None  # offered rate (as sent) of the lowest failing step above it
+    first_fail_speedup: float | None = None
     bracketed: bool  # a pass and a fail within the resolution: the cliff was found
     steps: list[LadderStep]  # the scored steps: the capacity rests on these alone
     stopped_by: str | None = None  # what ended the ladder early (crash, client_lag, ...)
     unscored: list[LadderStep] = []  # steps whose client fell behind its schedule
     idle_probe_ms: float | None = None  # a lone short request's TTFT before the first step
     idle_limit_ms: float | None = None  # a probe at most this slow found the server idle
+    # No rate the ladder tried met the SLOs, down to a step the server was mostly idle in:
+    # which SLO cannot be met at any load, with its figure (None otherwise).
+    infeasible: str | None = None
+    ladder_resolution: float | None = None  # LadderSettings.resolution of the ladder that ran
 
     @property
     def headroom(self) -> float:
         """Capacity over the recorded rate: 1.9 means "carries 1.9x your traffic"."""
         return self.capacity_rps / self.recorded_rps if self.recorded_rps > 0 else 0.0
+
+    @property
+    def resolution(self) -> float | None:
+        """How far apart the last pass and the first fail above it are, relative (0.1: the
+        capacity is known to within 10%): the ratio of their speed-ups, which their offered
+        rates follow (a stretch of the window sped up), so it stays positive when a step
+        stopped early sent a quieter or busier part of it. Without a failing step above the
+        capacity (a lower bound), the ladder's own resolution: it is known no better than
+        that. None when no step passed."""
+        if not self.capacity_speedup:
+            return None
+        if not self.first_fail_speedup:
+            return self.ladder_resolution
+        return max(self.first_fail_speedup / self.capacity_speedup - 1.0, 0.0)
+
+    def interval(self) -> str:
+        """The capacity's bracket as measured: "12.1-13.4 req/s" (offered rates of the last
+        passing and first failing step), ">= 12.1 req/s" when no step failed above it."""
+        if self.capacity_rps <= 0:
+            return "0 req/s"
+        if self.first_fail_rps is None:
+            return f">= {self.capacity_rps:.3g} req/s"
+        return f"{self.capacity_rps:.3g}-{self.first_fail_rps:.3g} req/s"
 
     def passing_step(self) -> LadderStep | None:
         passing = [step for step in self.steps if step.passed]
@@ -176,49 +218,106 @@ class CapacityResult(BaseModel):
 
     def describe(self) -> str:
         if self.capacity_rps <= 0:
+            if self.infeasible:
+                return self.infeasible
             lowest = min((s.offered_rps for s in self.steps), default=0.0)
             return f"no step met the SLOs (lowest tried {lowest:.3g} req/s)"
         edge = "" if self.bracketed else " (lower bound: the ladder ended before the cliff)"
         if self.stopped_by == "client_lag" and self.unscored:
             edge = (f" (lower bound: the replayer fell behind its schedule at "
                     f"{self.unscored[-1].offered_rps:.3g} req/s)")
+        bracket = (f", the first failing step {self.first_fail_rps:.3g}"
+                   if self.first_fail_rps is not None else "")
         return (
-            f"capacity {self.capacity_rps:.3g} req/s = {self.headroom:.2f}x the recorded "
-            f"{self.recorded_rps:.3g} req/s{edge}"
+            f"capacity {self.capacity_rps:.3g} req/s (offered by the highest passing step"
+            f"{bracket}) = {self.headroom:.2f}x the recorded {self.recorded_rps:.3g} req/s{edge}"
         )
 
 
-def allowed_misses(planned: int, percentile: float) -> int:
-    """How many of `planned` requests may miss a threshold while the percentile still holds.
+def requests_for_percentile(percentile: float) -> int:
+    """Requests a step needs before its `percentile` verdict rests on enough of them: the
+    rule pre-flight applies to a window (`workloads.slo.min_samples`, about ten requests
+    above the percentile: p50 20, p95 200, p99 1000). A p95 judged on 60 requests would rest
+    on its 3rd-worst request."""
+    return min_samples(percentile)
 
-    numpy's linear percentile of n values is at or under T when at most
-    floor((n - 1) * (1 - q)) values exceed T (the interpolation then lands on values <= T).
-    """
-    return int(math.floor((planned - 1) * (1.0 - percentile / 100.0) + 1e-9))
+
+def requests_for_slos(slos: Sequence[SLO]) -> int:
+    """The most requests any per-request SLO's percentile needs (`requests_for_percentile`).
+    ITL counts tokens, not requests: a step has many more gaps than requests."""
+    return max((requests_for_percentile(slo.percentile) for slo in slos
+                if slo.metric in PER_REQUEST_METRICS), default=0)
+
+
+# Candidate starts `step_trace` compares: enough to find a representative stretch of a window
+# of thousands of requests, cheap enough to run before every step.
+_MAX_STRETCH_STARTS = 200
 
 
 def step_trace(window: Trace, speedup: float, settings: LadderSettings) -> Trace:
-    """The step's requests: the window from its start, repeated end to end when the step
-    needs more than it holds, arrival times divided by `speedup`."""
+    """The step's requests: the stretch of the window most like the whole window, its
+    arrival times divided by `speedup`.
+
+    The window is taken as cyclic (repeated end to end, one mean gap at the seam so the seam
+    keeps the rate). The step holds `settings.step_requests` requests and covers
+    `settings.min_step_s` at its rate. Of the stretches of that many consecutive requests,
+    it replays the one whose rate, burstiness and length percentiles are closest to the
+    window's (`workloads.windows.feature_distance`, as `select_windows` chooses windows;
+    ties go to the earliest start). The first N requests of a bursty window can be far
+    quieter or busier than the window: a step replaying them would offer another rate than
+    speed-up x the recorded rate. The ladder credits what was sent in any case
+    (`LadderStep.offered_rps`); this keeps what is sent like the traffic it stands for.
+    """
     if len(window) == 0:
         raise AutotuneError("the ladder's window has no requests")
     base = window.rebased()
+    n = len(base)
     period_ms = max(base.duration_s() * 1000.0, 1.0)
-    # One mean gap after the last arrival before the repeat starts, so the seam keeps the rate.
-    if len(base) > 1:
-        period_ms += period_ms / (len(base) - 1)
+    if n > 1:
+        period_ms += period_ms / (n - 1)
     span_ms = settings.min_step_s * 1000.0 * speedup  # recorded ms the step must cover
-    copies = 1
-    while copies * len(base) < settings.step_requests or copies * period_ms < span_ms:
-        copies += 1
-    stretched = base.repeated(copies, period_ms)
-    stamps = stretched.timestamps_ms / speedup
-    # Enough requests, and the whole minimum span.
-    covering = int(np.searchsorted(stamps, settings.min_step_s * 1000.0)) + 1
+    # Requests that cover the minimum span at the window's mean rate.
+    covering = int(math.ceil(span_ms * n / period_ms)) + 1
     need = max(settings.step_requests, covering)
-    need = min(need, len(stretched))
-    picked = stretched.subset(np.arange(need))
-    return picked.replace(timestamps_ms=stamps[:need], source=f"{window.source} x{speedup:.3g}")
+    copies = max(int(math.ceil((need + n) / n)), int(math.ceil(span_ms / period_ms)) + 2)
+    stretched = base.repeated(copies, period_ms)
+    start = _representative_start(stretched, n, need, base)
+    stamps = stretched.timestamps_ms
+    # Cover the whole minimum span from the chosen start, whatever its local rate.
+    end = max(start + need, int(np.searchsorted(stamps, stamps[start] + span_ms, side="left")) + 1)
+    end = min(end, len(stretched))
+    picked = stretched.subset(np.arange(start, end))
+    times = (picked.timestamps_ms - picked.timestamps_ms[0]) / speedup
+    return picked.replace(timestamps_ms=times, source=f"{window.source} x{speedup:.3g}")
+
+
+def _representative_start(stretched: Trace, n: int, need: int, window: Trace) -> int:
+    """The start (within the first copy of the window) of the `need`-request stretch most like
+    the window: of the stretches whose rate is within STRETCH_RATE_TOLERANCE of the window's
+    (or, when none is, those nearest it), the one whose features are closest overall."""
+    if n < 3 or need >= len(stretched):
+        return 0
+    whole = stretch_features(window.timestamps_ms, window.input_lengths, window.output_lengths)
+    starts = np.unique(np.linspace(0, n - 1, num=min(n, _MAX_STRETCH_STARTS)).astype(np.int64))
+    scored = []
+    for start in starts.tolist():
+        end = start + need
+        features = stretch_features(stretched.timestamps_ms[start:end],
+                                    stretched.input_lengths[start:end],
+                                    stretched.output_lengths[start:end])
+        rate_off = abs(features.rate_rps - whole.rate_rps) / max(whole.rate_rps, 1e-9)
+        scored.append((start, rate_off, feature_distance(features, whole)))
+    # The rate first: the step is to offer speed-up x the recorded rate.
+    allowed = max(STRETCH_RATE_TOLERANCE, min(off for _, off, _ in scored) + 0.05)
+    best, best_distance = 0, math.inf
+    for start, rate_off, distance in scored:
+        if rate_off <= allowed and distance < best_distance - 1e-9:
+            best, best_distance = start, distance
+    return best
+
+
+# A step's stretch offers within this share of the window's own rate where one does.
+STRETCH_RATE_TOLERANCE = 0.1
 
 
 # A run is scored only if the client really offered at least this share of its rate.
@@ -259,6 +358,50 @@ def client_fell_behind(result: ReplayResult, nominal_rps: float, limit_ms: float
         return (f"the client sent {sent:.3g} of the {nominal_rps:.3g} req/s asked "
                 f"(send-lag p99 {lag or 0:.0f} ms)")
     return None
+
+
+def offered_as_sent(trace: Trace, result: ReplayResult) -> float:
+    """The rate a step offered, from what its client sent: requests over the span of their
+    send times. With fewer than two sends (or all at one instant): the scheduled rate of the
+    requests due by then."""
+    rate = sent_rate(result)
+    return rate if math.isfinite(rate) else offered_rate(due_by_last_send(trace, result))
+
+
+# Below this share of a step's span with a request in flight, the server was mostly idle:
+# a miss there is what single requests take, not load.
+IDLE_BUSY_SHARE = 0.5
+
+
+def busy_share(result: ReplayResult) -> float | None:
+    """Share of the run's span (first send to last answer) with at least one request in
+    flight; None without records. A request that failed or was cancelled counts as in flight
+    until the run ended (its end is unknown)."""
+    if not result.records:
+        return None
+    start = min(r.sent_s for r in result.records)
+    run_end = max(start + result.summary.duration, max(r.sent_s for r in result.records))
+    spans = sorted(
+        (r.sent_s, r.sent_s + r.e2e_ms / 1000.0 if r.e2e_ms is not None else run_end)
+        for r in result.records
+    )
+    end = max(stop for _, stop in spans)
+    if end <= start:
+        return 1.0
+    busy, open_start, open_end = 0.0, spans[0][0], spans[0][1]
+    for lo, hi in spans[1:]:
+        if lo > open_end:
+            busy += open_end - open_start
+            open_start, open_end = lo, hi
+        else:
+            open_end = max(open_end, hi)
+    busy += open_end - open_start
+    return min(busy / (end - start), 1.0)
+
+
+def step_is_idle(step: LadderStep) -> bool:
+    """The server was mostly idle during the step (`IDLE_BUSY_SHARE`)."""
+    return step.busy_share is not None and step.busy_share < IDLE_BUSY_SHARE
 
 
 def recorded_rate(window: Trace) -> float:
@@ -343,6 +486,7 @@ class LoadLadder:
         self.steps: list[LadderStep] = []  # scored
         self.results: list[ReplayResult] = []  # per scored step, for the trial's records
         self.unscored: list[LadderStep] = []  # the client fell behind: not evidence either way
+        self.infeasible: str | None = None  # set when no load is low enough (`_infeasible`)
         self.settler = ServerSettler(
             url=url, replay=replay, replay_fn=replay_fn, scraper=scraper,
             timeout_s=settings.drain_timeout_s, slack_ms=settings.settle_slack_ms,
@@ -363,14 +507,22 @@ class LoadLadder:
                 if retries < UNSCORED_RETRIES:
                     retries += 1
                     continue  # the same rate again: a one-off stall should not end the ladder
+                if step.reconciliation is not None and step.reconciliation.problem is not None:
+                    self.say("  the step's counts did not reconcile twice: the capacity so far is a lower bound")
+                    return self.result(window, stopped_by="reconciliation")
                 self.say("  the replayer cannot keep this schedule: the capacity so far is a lower bound")
                 return self.result(window, stopped_by="client_lag")
             retries = 0
             following = self.next_speedup()
+            if not any(s.passed for s in self.steps) and (following is None or step_is_idle(step)):
+                # Halving again would only add idle time: the SLO is out of reach at any load.
+                self.infeasible = self._infeasible(step)
+                self.say(f"  {self.infeasible}")
+                break
             if following is None:
                 break
             speedup = following
-        return self.result(window)
+        return self.result(window, stopped_by="infeasible" if self.infeasible else None)
 
     def next_speedup(self) -> float | None:
         """Where the next step goes, from the steps so far; None when the search is done.
@@ -419,16 +571,19 @@ class LoadLadder:
             and first_fail.speedup / best.speedup <= 1.0 + self.settings.resolution + 1e-9
         )
         return CapacityResult(
-            capacity_rps=best.speedup * recorded if best else 0.0,
+            capacity_rps=best.offered_rps if best else 0.0,
             capacity_speedup=best.speedup if best else None,
             recorded_rps=recorded,
-            first_fail_rps=first_fail.speedup * recorded if first_fail else None,
+            first_fail_rps=first_fail.offered_rps if first_fail else None,
+            first_fail_speedup=first_fail.speedup if first_fail else None,
             bracketed=bracketed,
             steps=list(self.steps),
             stopped_by=stopped_by,
             unscored=list(self.unscored),
             idle_probe_ms=self.settler.idle_ms,
             idle_limit_ms=self.settler.limit_ms(),
+            infeasible=self.infeasible,
+            ladder_resolution=self.settings.resolution,
         )
 
     # -- one step ------------------------------------------------------------------------
@@ -469,13 +624,21 @@ class LoadLadder:
         server.processes = sampler.processes
         summary = result.summary
         measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
+        held = {slo.spec(): _holds(result, slo) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None
-        passed, reason = self._verdict(summary, measured, planned, early, missed_when_decided)
+        passed, reason = self._verdict(summary, measured, planned, early, missed_when_decided, held)
         behind = client_fell_behind(result, offered_rate(due_by_last_send(trace, result)),
                                     self.replay.send_lag_limit_ms())
+        counted = reconcile(trace, result, benchmark_mode=self.replay.benchmark_mode)
+        for warning in counted.warnings:
+            self.say(f"  step {index + 1}: warning: {warning}")
+        if counted.problem is not None:
+            # Counts that do not add up (records lost, answers of the wrong length): the
+            # latencies describe other requests than the step planned. Not evidence either way.
+            behind = f"its counts do not reconcile: {counted.problem}"
         # A miss stands when the server queued requests: it was past its capacity anyway.
         queued = (server.num_waiting_max or 0) > 0
-        scored = behind is None or (not passed and queued)
+        scored = behind is None or (not passed and queued and counted.problem is None)
         if behind is not None:
             # Offered less (or later) than the step claims, latencies read by a late client:
             # nothing about the server at this rate, unless its own queue says it was full.
@@ -486,7 +649,9 @@ class LoadLadder:
         step = LadderStep(
             index=index,
             speedup=speedup,
-            offered_rps=offered_rate(trace),
+            offered_rps=offered_as_sent(trace, result),
+            planned_rps=offered_rate(trace),
+            busy_share=busy_share(result),
             requests=planned,
             passed=passed,
             scored=scored,
@@ -499,6 +664,7 @@ class LoadLadder:
             seconds=seconds,
             drain_s=settled.seconds,
             settle_probes_ms=settled.probes_ms,
+            reconciliation=counted,
         )
         if scored:
             self.steps.append(step)
@@ -510,7 +676,7 @@ class LoadLadder:
             # The step's own rate differs from x speed-up times the window's mean rate: its
             # requests are a stretch of the window, quieter or burstier than the whole.
             f"  step {index + 1}: x{speedup:.3g} the recorded arrivals ({planned} requests, "
-            f"{step.offered_rps:.3g} req/s in this stretch), {seconds:.0f} s: {verdict} ({reason})"
+            f"{step.offered_rps:.3g} req/s offered as sent), {seconds:.0f} s: {verdict} ({reason})"
         )
         if settled.not_idle_ms:
             self.say(
@@ -518,6 +684,21 @@ class LoadLadder:
                 f"(idle {self.settler.idle_ms:.0f} ms); waited {settled.seconds:.1f} s"
             )
         return step
+
+    def _infeasible(self, step: LadderStep) -> str:
+        """One line: which SLO no load the ladder tried could meet, at the lowest rate tried
+        and how idle the server was then, and what to do."""
+        missed = [
+            f"{slo.metric} p{slo.percentile:g} {value:,.0f} ms (SLO {slo.threshold_ms:g} ms)"
+            for slo in self.slos
+            for value in [step.measured_ms.get(slo.spec())]
+            if value is not None and value > slo.threshold_ms
+        ]
+        what = " and ".join(missed) if missed else step.reason
+        idle = (f" with the server idle {1.0 - step.busy_share:.0%} of the step"
+                if step.busy_share is not None else "")
+        return (f"no load meets the SLOs: {what} at {step.offered_rps:.3g} req/s{idle}; single "
+                f"requests alone miss it on this host: relax the SLO or use a faster host")
 
     def _step_options(self, attempt: int) -> ReplayOptions:
         """The replay of the ladder's `attempt`-th run: timed, at the step trace's own times
@@ -553,7 +734,10 @@ class LoadLadder:
         planned: int,
         early: str | None,
         missed_when_decided: dict[str, int] | None = None,
+        held: dict[str, bool] | None = None,
     ) -> tuple[bool, str]:
+        """Pass or fail, and why in one line. `held`: each SLO judged with the step's failed
+        requests as misses (`workloads.slo.slo_met`); `measured` is over completed requests."""
         if summary.failed > self.settings.max_error_fraction * planned:
             return False, f"{summary.failed} of {planned} requests failed"
         if early == "fail":
@@ -568,10 +752,13 @@ class LoadLadder:
         ok = True
         for slo in self.slos:
             value = measured[slo.spec()]
-            if value is None or value > slo.threshold_ms:
+            if value is None or value > slo.threshold_ms or (held is not None and not held[slo.spec()]):
                 ok = False
             shown = "none" if value is None else f"{value:.0f}"
             parts.append(f"{slo.metric} p{slo.percentile:g} {shown}/{slo.threshold_ms:g} ms")
+        if summary.failed and early != "pass":
+            parts.append(f"{summary.failed} failed request{'s' if summary.failed > 1 else ''} "
+                         f"counted as misses")
         if early == "pass":
             # The last few requests could not change the verdict: not waited for (those not yet
             # due when it was decided were never sent).
@@ -588,6 +775,19 @@ def _slowest(probes: Sequence[float | None]) -> str:
 
 def _pct(spec: str, slos: Sequence[SLO]) -> float:
     return next(slo.percentile for slo in slos if slo.spec() == spec)
+
+
+def _holds(result: ReplayResult, slo: SLO) -> bool:
+    """Whether the step met `slo` with its failed requests counted as misses (a failed
+    request meets no SLO; cancelled ones, stopped by an early verdict, are not counted)."""
+    failed = sum(1 for r in result.records if r.error is not None and not r.cancelled)
+    if slo.metric == "itl":
+        values = [gap for r in result.records if r.error is None for gap in r.itl_ms]
+    else:
+        values = [v for r in result.records if r.error is None and not r.cancelled
+                  for v in [request_value_ms(r, slo)] if v is not None]
+    completed = sum(1 for r in result.records if r.error is None and not r.cancelled)
+    return slo_met(values, slo, failed=failed, requests=completed + failed)
 
 
 def _percentile(result: ReplayResult, slo: SLO) -> float | None:

@@ -10,9 +10,13 @@ machine hits every config alike. Then `decide`:
    - the 95% bootstrap confidence interval of (median candidate - median baseline) lies
      above 0 (resampling each config's repeats independently; with 2-3 repeats this says
      "every candidate repeat beat every baseline repeat" or close to it), and
-   - the relative improvement of the medians is larger than the baseline's own relative
-     spread ((max - min) / median over its repeats): a gain smaller than the run-to-run
-     wobble of one config is not a gain anyone can rely on.
+   - the relative improvement of the medians is larger than the noise: the baseline's own
+     relative spread ((max - min) / median over its repeats), and never less than the
+     capacity's resolution (the relative gap between the last passing and the first failing
+     ladder step, the widest among the baseline's and the winner's repeats). A gain smaller
+     than the run-to-run wobble of one config, or than the ladder can resolve, is not a gain
+     anyone can rely on; repeats that land on the same ladder step read identical capacities,
+     so their spread alone would read 0%.
    Otherwise the baseline is kept. A baseline that itself misses an SLO does not change the
    rule: the candidate must still beat it on the objective, and meet every SLO.
 
@@ -50,6 +54,9 @@ class Measurement(BaseModel):
     # Capacity: the carried rate over the recorded one (below 1: it cannot carry the traffic).
     headroom: float | None = None
     broke_first: str | None = None  # capacity: the SLO that broke first above it (measure.limits)
+    # Capacity: the first failing step's offered rate above it and the bracket's relative width.
+    first_fail_rps: float | None = None
+    resolution: float | None = None
     kv_cache_gib: float | None = None  # min-memory: the KV cache vLLM logged at start
     kv_cache_tokens: int | None = None
 
@@ -59,6 +66,7 @@ class CandidateStats(BaseModel):
     values: list[float]
     median: float
     relative_spread: float | None  # (max - min) / median
+    resolution: float | None = None  # capacity: the widest ladder bracket of its repeats (relative)
     eligible: bool
     why_not: str | None = None
 
@@ -75,7 +83,8 @@ class GateDecision(BaseModel):
     effect: float | None  # relative change of medians (candidate vs baseline)
     ci_low: float | None  # 95% CI of median difference (absolute, objective units)
     ci_high: float | None
-    noise: float | None  # the baseline's relative spread
+    noise: float | None  # what the effect had to exceed: spread or resolution, the larger
+    noise_source: str | None = None  # where `noise` came from, for the messages
     confidence: float
     stats: list[CandidateStats]
 
@@ -125,11 +134,13 @@ def candidate_stats(candidate: str, runs: list[Measurement]) -> CandidateStats:
                    f"{missed[0].repeat + 1}: every SLO held only below the recorded rate")
     elif missed:
         why_not = f"missed an SLO in repeat {missed[0].repeat + 1}"
+    resolutions = [run.resolution for run in runs if run.resolution is not None]
     return CandidateStats(
         candidate=candidate,
         values=values,
         median=median,
         relative_spread=spread,
+        resolution=max(resolutions) if resolutions else None,
         eligible=why_not is None,
         why_not=why_not,
     )
@@ -155,14 +166,16 @@ def decide(
     """Pick the config to emit from the validation runs (see the module docstring)."""
     stats = stats_by_candidate(measurements, baseline)
     base = stats[baseline]
-    noise = base.relative_spread
     eligible = [s for name, s in stats.items() if name != baseline and s.eligible]
+    best = max(eligible, key=lambda s: s.median) if eligible else None
+    noise, source = gate_noise(base, best)
+    said = "" if noise is None else f"; noise used {noise_text(noise, source)}"
 
     def keep(reason: str, best: CandidateStats | None = None, **figures: float | None) -> GateDecision:
         return GateDecision(
             winner=baseline,
             keep_baseline=True,
-            reason=reason,
+            reason=reason + said,
             best_candidate=best.candidate if best else None,
             baseline_median=base.median,
             candidate_median=best.median if best else None,
@@ -170,13 +183,13 @@ def decide(
             ci_low=figures.get("ci_low"),
             ci_high=figures.get("ci_high"),
             noise=noise,
+            noise_source=source,
             confidence=confidence,
             stats=list(stats.values()),
         )
 
-    if not eligible:
+    if best is None:
         return keep("no candidate ran and met every SLO in every repeat")
-    best = max(eligible, key=lambda s: s.median)
     ci_low, ci_high = bootstrap_median_diff(
         best.values, base.values, confidence=confidence, seed=seed
     )
@@ -199,8 +212,7 @@ def decide(
         )
     if effect is not None and noise is not None and effect <= noise:
         return keep(
-            f"{best.candidate} improves on the baseline by {effect:+.1%}, within the baseline's "
-            f"own run-to-run spread of {noise:.1%}",
+            f"{best.candidate} improves on the baseline by {effect:+.1%}, within the noise",
             best,
             **figures,
         )
@@ -213,7 +225,7 @@ def decide(
         keep_baseline=False,
         reason=(
             f"{best.candidate} beats the baseline by {gain} ({pct} CI of the difference "
-            f"[{ci_low:.3g}, {ci_high:.3g}]) and met every SLO in every repeat{single}"
+            f"[{ci_low:.3g}, {ci_high:.3g}]) and met every SLO in every repeat{single}{said}"
         ),
         best_candidate=best.candidate,
         baseline_median=base.median,
@@ -222,9 +234,30 @@ def decide(
         ci_low=ci_low,
         ci_high=ci_high,
         noise=noise,
+        noise_source=source,
         confidence=confidence,
         stats=list(stats.values()),
     )
+
+
+def gate_noise(base: CandidateStats, best: CandidateStats | None) -> tuple[float | None, str | None]:
+    """The relative noise an effect must exceed, and where it came from: the baseline's spread
+    over its repeats, raised to the widest ladder resolution of the baseline's or `best`'s
+    repeats (capacity only). None when neither was measured (one run of a non-ladder objective)."""
+    spread = base.relative_spread if len(base.values) > 1 else None  # one run: no spread measured
+    resolutions = [s.resolution for s in (base, best) if s is not None and s.resolution is not None]
+    resolution = max(resolutions) if resolutions else None
+    if resolution is not None and (spread is None or resolution > spread):
+        where = "" if spread is None else f" (above the baseline's spread of {spread:.1%} over its repeats)"
+        return resolution, f"the ladder's resolution{where}"
+    if spread is None:
+        return None, None
+    return spread, f"the baseline's spread over its repeats{'' if resolution is None else f' (resolution {resolution:.1%})'}"
+
+
+def noise_text(noise: float | None, source: str | None) -> str:
+    """"9.5%, the ladder's resolution (...)" or "none measured"."""
+    return "none measured" if noise is None else f"{noise:.1%}, {source}"
 
 
 def decide_min_memory(

@@ -32,6 +32,7 @@ from autotune.search.gate import (
 from autotune.search.objective import STUDY_STOPPING_FAILURES, evaluate
 from autotune.search.study_store import SearchInputs, StudyOptions
 from autotune.search.trial_records import (
+    capacity_interval,
     feasible,
     headroom_status,
     is_baseline,
@@ -239,7 +240,8 @@ class GateRunner:
                                          "rerun with --resume")
             status = "SLOs met" if evaluation.slo_met else slo_text(evaluation)
             if evaluation.headroom is not None:
-                status = headroom_status(evaluation.headroom, evaluation.broke_first) + (
+                status = headroom_status(evaluation.headroom, evaluation.broke_first,
+                                         capacity_interval(evaluation.capacity_rps, evaluation.first_fail_rps)) + (
                     "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})")
             if self.inputs.objective.kind == "min-memory":
                 status = memory_status(evaluation, self.inputs.objective)
@@ -259,7 +261,7 @@ class GateRunner:
 
 # The Evaluation fields a gate Measurement keeps as they are (same names).
 KEPT_FROM_EVALUATION = {"slo_met", "ok", "failure", "margins_ms", "headroom", "broke_first",
-                        "kv_cache_gib", "kv_cache_tokens"}
+                        "first_fail_rps", "resolution", "kv_cache_gib", "kv_cache_tokens"}
 
 
 def machine_identity() -> str:

@@ -194,6 +194,11 @@ class Evaluation(BaseModel):
     capacity_rps: float | None = None
     headroom: float | None = None
     broke_first: str | None = None  # the SLO that broke first above the capacity (what_broke_first)
+    # The capacity's bracket: the first failing step's offered rate above it, and the bracket's
+    # relative width (CapacityResult.resolution); None where no step failed above it.
+    first_fail_rps: float | None = None
+    resolution: float | None = None
+    infeasible: str | None = None  # no load the ladder tried met the SLOs (CapacityResult.infeasible)
     # min-memory: the config's gpu_memory_utilization and the KV cache vLLM made of it
     memory: float | None = None
     kv_cache_gib: float | None = None
@@ -353,6 +358,9 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
         capacity_rps=rps,
         headroom=headroom,
         broke_first=what_broke_first(capacity, slos) if capacity is not None else None,
+        first_fail_rps=capacity.first_fail_rps if capacity is not None else None,
+        resolution=capacity.resolution if capacity is not None else None,
+        infeasible=capacity.infeasible if capacity is not None else None,
     )
 
 

@@ -58,6 +58,10 @@ def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, se
         trial.set_user_attr("capacity_rps", evaluation.capacity_rps)
         trial.set_user_attr("headroom", evaluation.headroom)
         trial.set_user_attr("broke_first", evaluation.broke_first)
+        trial.set_user_attr("first_fail_rps", evaluation.first_fail_rps)
+        trial.set_user_attr("resolution", evaluation.resolution)
+        if evaluation.infeasible:
+            trial.set_user_attr("infeasible", evaluation.infeasible)
     if evaluation.memory is not None:
         trial.set_user_attr("memory", evaluation.memory)
         trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)
@@ -149,17 +153,32 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
         kv = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"), tokens=trial.user_attrs.get("kv_cache_tokens"))
         if kv.gib is not None or kv.tokens is not None:
             status += f", KV cache {kv.describe()}"
+    elif trial.user_attrs.get("infeasible"):
+        status = trial.user_attrs["infeasible"]
     elif trial.user_attrs.get("headroom") is not None:
-        status = headroom_status(trial.user_attrs["headroom"], trial.user_attrs.get("broke_first"))
+        status = headroom_status(trial.user_attrs["headroom"], trial.user_attrs.get("broke_first"),
+                                 capacity_interval(score, trial.user_attrs.get("first_fail_rps")))
     if trial.user_attrs.get("move"):
         params = f"first move {trial.user_attrs['move']}: {params}"
     numerics = describe_changes(trial.user_attrs.get("changes_numerics") or {})
     return f"{objective.format_score(score)}, {status} ({params})" + (f"; {numerics}" if numerics else "")
 
 
-def headroom_status(headroom: float, broke_first: str | None) -> str:
-    """A capacity measurement in a live line: "1.35x the recorded rate; above it tpot broke first"."""
-    return f"{headroom:.2f}x the recorded rate" + (f"; above it {broke_first} broke first" if broke_first else "")
+def headroom_status(headroom: float, broke_first: str | None, interval: str | None = None) -> str:
+    """A capacity measurement in a live line: "1.35x the recorded rate (passed 12.1, failed
+    13.4 req/s offered); above it tpot broke first"."""
+    return (f"{headroom:.2f}x the recorded rate" + (f" ({interval})" if interval else "")
+            + (f"; above it {broke_first} broke first" if broke_first else ""))
+
+
+def capacity_interval(capacity_rps: float | None, first_fail_rps: float | None) -> str | None:
+    """The capacity's bracket as offered: "passed 12.1, failed 13.4 req/s offered"; "passed
+    12.1 req/s offered, none failed above" without a failing step; None without a capacity."""
+    if not capacity_rps:
+        return None
+    if first_fail_rps is None:
+        return f"passed {capacity_rps:.3g} req/s offered, none failed above"
+    return f"passed {capacity_rps:.3g}, failed {first_fail_rps:.3g} req/s offered"
 
 
 def _fmt(value: Any) -> str:

@@ -106,3 +106,39 @@ def test_a_config_that_carries_less_than_the_recorded_traffic_says_so_not_missed
     assert not stats.eligible
     assert stats.why_not == ("carried 0.10x the recorded traffic in repeat 1: every SLO held "
                              "only below the recorded rate")
+
+
+def ladder_series(name: str, values: list[float], fails: list[float]) -> list[Measurement]:
+    """Capacity repeats with their brackets: passed at `values`, failed at `fails` above."""
+    return [
+        Measurement(candidate=name, repeat=i, value=v, slo_met=True, first_fail_rps=f,
+                    resolution=f / v - 1.0)
+        for i, (v, f) in enumerate(zip(values, fails, strict=True))
+    ]
+
+
+def test_repeats_on_the_same_ladder_step_still_carry_the_ladder_s_resolution_as_noise() -> None:
+    """Three baseline repeats passing the same step read one capacity: a spread of 0%. The
+    capacity is only known to within the 10% bracket, so a 5% gain is within the noise."""
+    runs = (ladder_series(BASELINE, [10.0, 10.0, 10.0], [11.0, 11.0, 11.0])
+            + ladder_series("trial-0002", [10.5, 10.5, 10.5], [11.55, 11.55, 11.55]))
+    decision = decide(runs)
+    assert decision.keep_baseline
+    assert decision.noise is not None and abs(decision.noise - 0.1) < 1e-9
+    assert decision.reason.endswith(
+        "within the noise; noise used 10.0%, the ladder's resolution (above the baseline's spread "
+        "of 0.0% over its repeats)")
+    # A gain beyond the bracket is emitted, and the message still states the noise it beat.
+    clear = (ladder_series(BASELINE, [10.0, 10.0, 10.0], [11.0, 11.0, 11.0])
+             + ladder_series("trial-0003", [12.5, 12.6, 12.5], [13.7, 13.8, 13.7]))
+    won = decide(clear)
+    assert not won.keep_baseline and won.winner == "trial-0003"
+    assert "noise used 10.0%, the ladder's resolution" in won.reason
+
+
+def test_a_baseline_spread_wider_than_the_resolution_is_the_noise() -> None:
+    runs = (ladder_series(BASELINE, [10.0, 12.0, 11.0], [10.5, 12.6, 11.5])
+            + ladder_series("trial-0002", [13.0, 13.1, 12.9], [13.6, 13.7, 13.5]))
+    decision = decide(runs)
+    assert decision.noise is not None and abs(decision.noise - 2.0 / 11.0) < 1e-9
+    assert "the baseline's spread over its repeats (resolution" in decision.reason

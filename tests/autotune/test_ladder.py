@@ -75,7 +75,8 @@ def _step(index: int, speedup: float, passed: bool) -> LadderStep:
         duration=1.0, completed=1, failed=0, total_input_tokens=1, total_output_tokens=1,
         request_throughput=1.0, output_throughput=1.0, total_token_throughput=1.0,
     )
-    return LadderStep(index=index, speedup=speedup, offered_rps=speedup, requests=10,
+    # The window() of these tests records 10 req/s; a step sent at x s offers 10 s req/s.
+    return LadderStep(index=index, speedup=speedup, offered_rps=10.0 * speedup, requests=10,
                       passed=passed, reason="", measured_ms={}, summary=summary, seconds=1.0)
 
 

@@ -76,7 +76,8 @@ def test_the_next_step_waits_for_a_queue_the_gauges_do_not_show(tmp_path: Path) 
     assert first is not None and first > limit
     assert last is not None and last <= limit
     assert below.passed, below.reason
-    assert found[True].capacity_rps == pytest.approx(32.0)  # 3.2x the recorded 10 req/s
+    # 3.2x the recorded 10 req/s, credited as the client sent it (to within its send jitter).
+    assert found[True].capacity_rps == pytest.approx(32.0, rel=0.05)
     # Waiting on the gauges alone, the same step failed: the overload's queue was still there.
     unsettled_overload, unsettled_below = found[False].steps
     assert not unsettled_overload.passed and unsettled_overload.settle_probes_ms == []
