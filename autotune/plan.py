@@ -75,7 +75,6 @@ class TuningRequest(BaseModel):
     slos: list[str] | None = None
     objective: str = "capacity"
     headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H
-    search_anyway: bool = False  # go on when the baseline meets the SLOs at no load tried
     step_requests: int | None = None
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
     max_speedup: float | None = None  # None: LadderSettings' own
@@ -131,6 +130,8 @@ class TuningPlan(BaseModel):
     baseline_source: str
     comparisons: dict[str, ServerConfig] = {}  # measured in the gate, never exported
     effective_defaults: dict[str, Any] = {}  # vLLM's defaults for the baseline, resolved
+    # What the user chose, as --resume compares it (autotune.prepare.user_choices).
+    choices: dict[str, Any] = {}
     workload: dict[str, Any]  # the provenance's workload section
     profile_text: str = ""
     tuning_window: Trace
@@ -142,8 +143,6 @@ class TuningPlan(BaseModel):
     top_k: int
     repeats: int
     prune: bool = True
-    # Search on when the baseline's ladder found no load that meets the SLOs (else exit 12).
-    search_anyway: bool = False
     ladder: LadderSettings | None = None  # the capacity ladder (min-memory: one step at H)
     mode: str
     speedup: float

@@ -7,21 +7,30 @@ cannot serve, or windows too short for the SLO percentiles, cost seconds.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from autotune import preflight
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
-from autotune.measure.ladder import LadderSettings, requests_for_percentile, requests_for_slos
+from autotune.measure.ladder import LadderSettings
 from autotune.measure.servers import TrialServer, labelled
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
+from autotune.redact import redact
 from autotune.search.numerics import check_supported, numerics_params
-from autotune.search.objective import MEMORY_KNOB, default_slos, parse_objective
-from autotune.search.space import SearchSpace
-from autotune.search.study_store import check_writable
+from autotune.search.objective import MEMORY_KNOB, Objective, default_slos, parse_objective
+from autotune.search.relations import parse_relation
+from autotune.search.space import ParamSpec, SearchSpace
+from autotune.search.study_store import (
+    CHOICES_ATTR,
+    RESOLVED_ATTR,
+    check_writable,
+    refuse_changed_choices,
+    stored_attrs,
+)
 from server.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MODEL_DIR,
@@ -36,7 +45,7 @@ from workloads.trace_io import load_trace
 # The request's settings a plan keeps as they are (same names, same values).
 CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
            "startup_timeout_s", "max_client_lag_ms", "client_cpus", "fork_servers", "fork_server_socket", "command_line", "trial_server", "study_name", "output_dir",
-           "storage", "resume", "search_anyway")
+           "storage", "resume")
 
 
 def prepare_plan(request: TuningRequest) -> TuningPlan:
@@ -111,7 +120,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))
     check_searched_serving(space, request.trial_server, baseline, baseline_source)
     profile = profile_trace(trace)
-    ladder = ladder_settings(request, accelerator, slos) if objective.uses_ladder else None
+    ladder = ladder_settings(request, accelerator) if objective.uses_ladder else None
     if ladder is not None and objective.kind == "min-memory":
         ladder = ladder.single(float(objective.headroom or 1.0))
     workload = {
@@ -132,7 +141,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
             f"--objective min-memory: the baseline's {MEMORY_KNOB} is unknown (vLLM's default "
             f"could not be resolved); set it in the --baseline file"
         )
-    return TuningPlan(
+    plan = TuningPlan(
         accelerator=accelerator,
         objective=objective,
         slos=slos,
@@ -142,6 +151,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         comparisons=comparisons,
         # Resolved once here (it may start importing vLLM): reported as the baseline's defaults.
         effective_defaults=effective,
+        choices=user_choices(request, fingerprint=profile.fingerprint, baseline=baseline,
+                             slos=slos, objective=objective),
         workload=workload,
         profile_text=format_profile(profile),
         tuning_window=tuning,
@@ -151,6 +162,70 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         resume_gate=request.resume,
         **{name: getattr(request, name) for name in CARRIED},
     )
+    return resumed_plan(plan) if request.resume else plan
+
+
+def user_choices(
+    request: TuningRequest, *, fingerprint: str, baseline: ServerConfig, slos: list[SLO],
+    objective: Objective,
+) -> dict[str, Any]:
+    """What the user chose for a study, as --resume compares it (JSON): the trace's fingerprint,
+    the model, the --baseline and --compare files as written, the model flags, the SLOs, the
+    objective and the --space file. Never a value this machine derived from them (the baseline's
+    CPU memory share, vLLM's resolved defaults, the space's bands): a resumed study keeps the
+    ones it was created with (`resumed_plan`)."""
+    return {
+        "trace": fingerprint,
+        "model": baseline.engine.get("model"),
+        "baseline": None if request.baseline is None else as_written(request.baseline),
+        "model_flags": {"load_format": request.load_format, "max_model_len": request.max_model_len},
+        "compare": {str(path): as_written(path) for path in request.compare},
+        "slos": [slo.spec() for slo in slos],
+        "objective": objective.spec(),
+        "space": None if request.space is None else yaml.safe_load(request.space.read_text(encoding="utf-8")),
+    }
+
+
+def as_written(path: Path) -> dict[str, Any]:
+    """A config file's settings as the user wrote them (provenance aside), as JSON."""
+    return ServerConfig.load(path).model_dump(mode="json", exclude={"provenance"})
+
+
+def resumed_plan(plan: TuningPlan) -> TuningPlan:
+    """With --resume: AutotuneError (one line naming each change) when the user's choices
+    differ from the study's; else the plan on the study's stored space, baseline, comparisons and
+    vLLM defaults. Those are derived from the machine at each start (on CPU the memory band and
+    the baseline's share follow the node's memory: server.config.cpu_memory_share), so a study
+    resumed with nothing changed goes on as it was created. A study with no stored choices (an
+    older version's), or none yet: the plan as it is (StudyStore.open compares its space)."""
+    stored = stored_attrs(plan.storage_url, plan.study_name)
+    if stored is None or CHOICES_ATTR not in stored:
+        return plan
+    refuse_changed_choices(plan.study_name, redact(plan.storage_url), stored[CHOICES_ATTR], plan.choices)
+    update: dict[str, Any] = {}
+    space = (stored.get("settings") or {}).get("space")
+    if space is not None:
+        update["space"] = SearchSpace(
+            {name: ParamSpec.model_validate(spec) for name, spec in space["params"].items()},
+            [parse_relation(text) for text in space["relations"]],
+            source=plan.space.source,
+        )
+    if "effective_defaults" in stored:
+        update["effective_defaults"] = stored["effective_defaults"]
+    resolved = stored.get(RESOLVED_ATTR) or {}
+    if "baseline" in resolved:
+        update["baseline"] = ServerConfig.model_validate(resolved["baseline"])
+    if "comparisons" in resolved:
+        update["comparisons"] = {name: ServerConfig.model_validate(config)
+                                 for name, config in resolved["comparisons"].items()}
+    resumed = plan.model_copy(update=update)
+    stored_space, machine_space = resumed.space.describe(), plan.space.describe()
+    differ = [name for name in stored_space if stored_space[name] != machine_space.get(name)]
+    if differ:
+        say("autotune: note: --resume: the study's space as created: "
+            + "; ".join(f"{name} {stored_space[name]} (this machine's: "
+                        f"{machine_space.get(name, 'not searched')})" for name in differ))
+    return resumed
 
 
 def check_searched_serving(
@@ -173,34 +248,19 @@ def check_searched_serving(
                             "tuning, or the parameter")
 
 
-def ladder_settings(request: TuningRequest, accelerator: str, slos: Sequence[SLO]) -> LadderSettings:
-    """The ladder's settings from the flags. Every step holds the requests its SLOs'
-    percentiles need (`requests_for_slos`: p95 200, p99 1000): the accelerator's default step
-    is raised to that, and a smaller --step-requests is refused."""
+def ladder_settings(request: TuningRequest, accelerator: str) -> LadderSettings:
     overrides: dict[str, Any] = {"resolution": request.ladder_resolution}
-    needed = requests_for_slos(slos)
     if request.step_requests is not None:
-        if request.step_requests < needed:
-            worst = max((s for s in slos if requests_for_percentile(s.percentile) == needed),
-                        key=lambda s: s.percentile)
-            raise AutotuneError(
-                f"--step-requests {request.step_requests}: a p{worst.percentile:g} verdict "
-                f"({worst.spec()}) needs at least {needed} requests a step (10 / (1 - "
-                f"{worst.percentile:g}/100): about ten requests above the percentile); raise it "
-                f"or use a lower percentile")
         overrides["step_requests"] = request.step_requests
     if request.max_speedup is not None:
         overrides["max_speedup"] = request.max_speedup
     try:
-        settings = LadderSettings.for_accelerator(accelerator, **overrides)
+        return LadderSettings.for_accelerator(accelerator, **overrides)
     except ValueError as error:
         first = error.errors()[0]  # type: ignore[attr-defined]
         flag = {"step_requests": "--step-requests", "resolution": "--ladder-resolution",
                 "max_speedup": "--max-speedup"}.get(str(first["loc"][0]), str(first["loc"][0]))
         raise AutotuneError(f"{flag} {first['input']}: {first['msg']}") from None
-    if settings.step_requests < needed:
-        settings = settings.model_copy(update={"step_requests": needed})
-    return settings
 
 
 def explicit_context(request: TuningRequest) -> tuple[int, str, int | None] | None:

@@ -94,11 +94,83 @@ class SearchInputs:
     # reported side by side, never eligible for export.
     comparisons: dict[str, ServerConfig] = dataclasses.field(default_factory=dict)
     effective_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)  # vLLM's, resolved
+    # What the user chose (`autotune.prepare.user_choices`): --resume refuses a change of any.
+    choices: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slos", list(self.slos))
         object.__setattr__(self, "comparisons", dict(self.comparisons))
         object.__setattr__(self, "effective_defaults", dict(self.effective_defaults))
+        object.__setattr__(self, "choices", dict(self.choices))
+
+
+# The study's user attributes that hold what it was created from: the user's choices, and what
+# was derived from them on the machine that created it (a resumed study keeps the latter).
+CHOICES_ATTR = "choices"
+RESOLVED_ATTR = "resolved"
+# How the refusal names each choice (`changed_choices`).
+_CHOICE_NAMES = {
+    "trace": "trace",
+    "model": "model",
+    "baseline": "baseline",
+    "model_flags": "--load-format/--max-model-len",
+    "compare": "--compare files",
+    "slos": "SLOs",
+    "objective": "objective",
+    "space": "--space file",
+}
+
+
+def changed_choices(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One phrase per choice that differs between a study's stored choices and this run's,
+    in `_CHOICE_NAMES` order: `trace (fingerprint 1a2b3c4d5e6f, now 0f9e8d7c6b5a)`."""
+    changes = []
+    for key, name in _CHOICE_NAMES.items():
+        if key not in stored and key not in current:
+            continue
+        old, new = stored.get(key), current.get(key)
+        if old == new:
+            continue
+        if key == "trace":
+            detail = f"fingerprint {str(old)[:12]}, now {str(new)[:12]}"
+        elif isinstance(old, dict) and isinstance(new, dict):
+            keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            detail = "; ".join(f"{k}: {_shown(old.get(k))}, now {_shown(new.get(k))}" for k in keys)
+        else:
+            detail = f"{_shown(old)}, now {_shown(new)}"
+        changes.append(f"{name} ({detail})")
+    return changes
+
+
+def _shown(value: Any) -> str:
+    """A stored choice as the refusal shows it: JSON, `none` for an absent one."""
+    return "none" if value is None else json.dumps(value, sort_keys=True)
+
+
+def refuse_changed_choices(
+    study_name: str, url: str, stored: dict[str, Any], current: dict[str, Any]
+) -> None:
+    """AutotuneError, one line naming every choice that changed, unless none did."""
+    changes = changed_choices(stored, current)
+    if changes:
+        raise AutotuneError(
+            f"--resume: study {study_name!r} in {url} was created with other inputs: "
+            f"{'; '.join(changes)}; resume with the inputs it was created with, or pass a new "
+            f"--study-name for these"
+        )
+
+
+def stored_attrs(url: str, study_name: str) -> dict[str, Any] | None:
+    """The user attributes of study `study_name` in the RDB storage `url`, or None when there
+    is no such study (or the storage cannot be read: `StudyStore.open` then says why)."""
+    check_sqlite_database(url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage = optuna.storages.get_storage(url)
+        study_id = storage.get_study_id_from_name(study_name)
+        return dict(storage.get_study_user_attrs(study_id))
+    except Exception:  # noqa: BLE001 - no study, or a storage StudyStore.open reports in one line
+        return None
 
 
 def check_writable(directory: Path) -> None:
@@ -268,7 +340,8 @@ class StudyStore:
     say: Callable[[str], None]
 
     def settings_fingerprint(self) -> dict[str, Any]:
-        """What must not change between a study and its --resume."""
+        """What a study stores of its settings, and before `choices` were stored, what must
+        not change between a study and its --resume (the space was compared too)."""
         return {
             "objective": self.inputs.objective.spec(),
             "slos": [slo.spec() for slo in self.inputs.slos],
@@ -337,6 +410,13 @@ class StudyStore:
             study.set_user_attr("settings", self.settings_fingerprint())
             study.set_user_attr("baseline_source", self.inputs.baseline_source)
             study.set_user_attr("effective_defaults", self.inputs.effective_defaults)
+            if self.inputs.choices:
+                study.set_user_attr(CHOICES_ATTR, self.inputs.choices)
+                study.set_user_attr(RESOLVED_ATTR, {
+                    "baseline": self.inputs.baseline.model_dump(mode="json"),
+                    "comparisons": {name: config.model_dump(mode="json")
+                                    for name, config in self.inputs.comparisons.items()},
+                })
             for key, value in self.study_attrs.items():
                 study.set_user_attr(key, value)
         return study
@@ -390,6 +470,13 @@ class StudyStore:
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=warmup)
 
     def _check_same_settings(self, study: optuna.Study) -> None:
+        """Refuse a resume that changed what the user chose. A study that stored its choices
+        is compared on them first; its space, derived from the machine it was created on, is
+        the resumed plan's (`autotune.prepare.resumed_plan`), so the comparison of objective,
+        SLOs and space that follows (all an older study can be compared on) then holds."""
+        choices = study.user_attrs.get(CHOICES_ATTR)
+        if choices is not None and self.inputs.choices:
+            refuse_changed_choices(study.study_name, self.options.storage_url, choices, self.inputs.choices)
         stored = study.user_attrs.get("settings")
         current = self.settings_fingerprint()
         if stored is None:
