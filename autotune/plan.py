@@ -75,6 +75,7 @@ class TuningRequest(BaseModel):
     slos: list[str] | None = None
     objective: str = "capacity"
     headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H
+    search_anyway: bool = False  # go on when the baseline meets the SLOs at no load tried
     step_requests: int | None = None
     ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
     max_speedup: float | None = None  # None: LadderSettings' own
@@ -143,6 +144,8 @@ class TuningPlan(BaseModel):
     top_k: int
     repeats: int
     prune: bool = True
+    # Search on when the baseline's ladder found no load that meets the SLOs (else exit 12).
+    search_anyway: bool = False
     ladder: LadderSettings | None = None  # the capacity ladder (min-memory: one step at H)
     mode: str
     speedup: float

@@ -7,6 +7,7 @@ cannot serve, or windows too short for the SLO percentiles, cost seconds.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 from autotune import preflight
 from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
-from autotune.measure.ladder import LadderSettings
+from autotune.measure.ladder import LadderSettings, requests_for_percentile, requests_for_slos
 from autotune.measure.servers import TrialServer, labelled
 from autotune.plan import TuningPlan, TuningRequest
 from autotune.progress import say
@@ -45,7 +46,7 @@ from workloads.trace_io import load_trace
 # The request's settings a plan keeps as they are (same names, same values).
 CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
            "startup_timeout_s", "max_client_lag_ms", "client_cpus", "fork_servers", "fork_server_socket", "command_line", "trial_server", "study_name", "output_dir",
-           "storage", "resume")
+           "storage", "resume", "search_anyway")
 
 
 def prepare_plan(request: TuningRequest) -> TuningPlan:
@@ -120,7 +121,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))
     check_searched_serving(space, request.trial_server, baseline, baseline_source)
     profile = profile_trace(trace)
-    ladder = ladder_settings(request, accelerator) if objective.uses_ladder else None
+    ladder = ladder_settings(request, accelerator, slos) if objective.uses_ladder else None
     if ladder is not None and objective.kind == "min-memory":
         ladder = ladder.single(float(objective.headroom or 1.0))
     workload = {
@@ -248,19 +249,34 @@ def check_searched_serving(
                             "tuning, or the parameter")
 
 
-def ladder_settings(request: TuningRequest, accelerator: str) -> LadderSettings:
+def ladder_settings(request: TuningRequest, accelerator: str, slos: Sequence[SLO]) -> LadderSettings:
+    """The ladder's settings from the flags. Every step holds the requests its SLOs'
+    percentiles need (`requests_for_slos`: p95 200, p99 1000): the accelerator's default step
+    is raised to that, and a smaller --step-requests is refused."""
     overrides: dict[str, Any] = {"resolution": request.ladder_resolution}
+    needed = requests_for_slos(slos)
     if request.step_requests is not None:
+        if request.step_requests < needed:
+            worst = max((s for s in slos if requests_for_percentile(s.percentile) == needed),
+                        key=lambda s: s.percentile)
+            raise AutotuneError(
+                f"--step-requests {request.step_requests}: a p{worst.percentile:g} verdict "
+                f"({worst.spec()}) needs at least {needed} requests a step (10 / (1 - "
+                f"{worst.percentile:g}/100): about ten requests above the percentile); raise it "
+                f"or use a lower percentile")
         overrides["step_requests"] = request.step_requests
     if request.max_speedup is not None:
         overrides["max_speedup"] = request.max_speedup
     try:
-        return LadderSettings.for_accelerator(accelerator, **overrides)
+        settings = LadderSettings.for_accelerator(accelerator, **overrides)
     except ValueError as error:
         first = error.errors()[0]  # type: ignore[attr-defined]
         flag = {"step_requests": "--step-requests", "resolution": "--ladder-resolution",
                 "max_speedup": "--max-speedup"}.get(str(first["loc"][0]), str(first["loc"][0]))
         raise AutotuneError(f"{flag} {first['input']}: {first['msg']}") from None
+    if settings.step_requests < needed:
+        settings = settings.model_copy(update={"step_requests": needed})
+    return settings
 
 
 def explicit_context(request: TuningRequest) -> tuple[int, str, int | None] | None:
