@@ -8,7 +8,8 @@ own outcome codes 3, 10 and 11, see autotune.retune):
     1    an unexpected failure (a bug; the traceback says where)
     2    bad input, refused before any server started (AutotuneError and friends)
     12   nothing could be measured: the baseline failed (request errors over the limit, a
-         crash, an engine that would not start); no best.yaml was written
+         crash, an engine that would not start) or met the SLOs at no load the ladder tried
+         (unless --search-anyway); no best.yaml was written
     13   the environment failed, not a config: a trial's server died on a missing module,
          a CUDA or driver error or a broken install; the study stopped after that trial,
          keeping what it measured; fix the install, then `--resume`
@@ -36,7 +37,8 @@ exit status:
   1    unexpected failure (a bug: the traceback says where)
   2    bad input, refused before any server started (one line: the figure and the fix)
   12   nothing could be measured: the baseline failed (request errors over the limit, a
-       crash, no engine start); no best.yaml was written, report.md says why
+       crash, no engine start) or met the SLOs at no load tried (unless --search-anyway);
+       no best.yaml was written, report.md says why
   13   the environment failed, not a config (a missing module, a CUDA or driver error):
        the study stopped after that trial, keeping what it measured; fix the install,
        then --resume
