@@ -20,6 +20,11 @@ Then, at that rate, on the same server, runs alternate (ours, theirs, ours, thei
 
 `--arrivals poisson`: ours on seeded Poisson arrivals at the rate, theirs on its own Poisson
 process (`--request-rate R --no-self-timed`, burstiness 1); same requests and lengths.
+Then `--together K` pairs of runs with both clients at once on one schedule (vLLM self-timed
+on the file's timestamps whatever `--arrivals`), ours on the even positions and theirs on the
+odd ones, then swapped: each client measures every request once under the same server state
+as the other (a shared machine's drift between one-at-a-time runs cancels out).
+
 Each run draws fresh prompt tokens (nothing cached by an earlier run can hit), and before each
 run the server is waited on until idle (gauges at zero, a lone request at idle speed:
 `ServerSettler`, as between ladder steps). Around each run `/metrics` is read, so the server's
@@ -33,7 +38,8 @@ output tokens (client's count and the server's). Both clients: TPOT = (E2E - TTF
 tokens - 1) per request, p95 = numpy's linear percentile over completed requests.
 
     .venv/bin/python benchmarks/capacity_fidelity.py [--rate R] [--config FILE]
-        [--trace FILE] [--runs 4] [--requests 120] [--arrivals recorded|poisson]
+        [--trace FILE] [--runs 3] [--requests 120] [--max-run-s 30] [--together 2]
+        [--arrivals recorded|poisson] [--keep DIR]
         [--tuning-window-s 30] [--holdout-window-s 20] [--quick] [--name capacity_fidelity]
 
 Results: results/benchmarks/{name}.{json,md} (quick: results/benchmarks/quick/). No
@@ -82,7 +88,7 @@ from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions, replay
 from workloads.replay_summary import ReplayResult
-from workloads.slo import SLO
+from workloads.slo import SLO, request_tpot_ms
 from workloads.trace import Trace, TraceRequest
 from workloads.trace_io import load_trace
 
@@ -100,8 +106,12 @@ REQUESTS_DONE = ("vllm:request_success_total",)
 PROMPT_SEED_BASE = 5000  # ours: PromptFactory seed per run, far from the ladder's step seeds
 HASH_ID_STRIDE = 1_000_000  # theirs: hash ids per run, so no two runs share a prompt chunk
 
+MIN_REQUESTS = 40  # per run: the p95 on the 2nd-3rd worst request at least
 Client = Literal["ours", "vllm"]
 Arrivals = Literal["recorded", "poisson"]
+# alternate: one client at a time, ours then theirs; together: both at once, each sending half
+# the requests (even / odd positions), then the halves swapped.
+Schedule = Literal["alternate", "together"]
 
 
 class VllmBenchResult(BaseModel):
@@ -133,7 +143,8 @@ class RunFigures(BaseModel):
     """One run of one client at the capacity rate: what it measured and what the server saw."""
 
     client: Client
-    run: int  # 1-based, per client
+    run: int  # 1-based, per client (together: per pair of runs)
+    schedule: Schedule = "alternate"
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
     ttft_median_ms: float | None = None
@@ -289,6 +300,50 @@ def ours_figures(result: ReplayResult, run: int) -> RunFigures:
     )
 
 
+def p95(values: Sequence[float]) -> float | None:
+    """numpy's linear 95th percentile, as both clients compute theirs; None for no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), 95)) if len(values) else None
+
+
+def vllm_per_request(result: VllmBenchResult) -> tuple[list[float], list[float]]:
+    """TTFTs and TPOTs (ms) of vLLM's completed requests, as its own metrics define them:
+    TPOT = (latency - TTFT) / (output tokens - 1) for two or more tokens."""
+    ttfts, tpots = [], []
+    for ttft, latency, out, error in zip(result.ttfts, result.latencies, result.output_lens, result.errors,
+                                         strict=False):
+        if error or ttft is None or latency is None:
+            continue
+        ttfts.append(ttft * 1000.0)
+        if out > 1:
+            tpots.append((latency - ttft) * 1000.0 / (out - 1))
+    return ttfts, tpots
+
+
+def ours_per_request(result: ReplayResult) -> tuple[list[float], list[float]]:
+    """TTFTs and TPOTs (ms) of our completed requests (`request_tpot_ms`)."""
+    done = [r for r in result.records if r.error is None and r.ttft_ms is not None]
+    tpots = [t for t in (request_tpot_ms(r) for r in done) if t is not None]
+    return [r.ttft_ms for r in done], tpots
+
+
+def together_figures(client: Client, pair: int, halves: Sequence[tuple[list[float], list[float]]],
+                     sent: Sequence[RunFigures]) -> RunFigures:
+    """One client's figures over a pair of together-runs: its p95s over every request of the
+    trace (each half measured once), its counts summed, its rate as sent per half (mean)."""
+    ttfts = [v for half in halves for v in half[0]]
+    tpots = [v for half in halves for v in half[1]]
+    rates = [r.offered_rps for r in sent if r.offered_rps is not None]
+    return RunFigures(
+        client=client, run=pair, schedule="together", ttft_p95_ms=p95(ttfts), tpot_p95_ms=p95(tpots),
+        ttft_median_ms=float(np.median(ttfts)) if ttfts else None,
+        tpot_median_ms=float(np.median(tpots)) if tpots else None,
+        requests=sum(r.requests for r in sent), completed=sum(r.completed for r in sent),
+        failed=sum(r.failed for r in sent), offered_rps=float(np.mean(rates)) if rates else None,
+        input_tokens=sum(r.input_tokens for r in sent), output_tokens=sum(r.output_tokens for r in sent),
+        wall_s=round(sum(r.wall_s for r in sent), 1),
+    )
+
+
 def with_server_view(figures: RunFigures, before: MetricsSnapshot, after: MetricsSnapshot) -> RunFigures:
     """`figures` with the server's own counters and histograms over the run (after - before)."""
     def delta(names: tuple[str, ...]) -> float | None:
@@ -327,14 +382,17 @@ def against_server(runs: Sequence[RunFigures]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for client in ("ours", "vllm"):
         ratios = [r.ttft_p95_ms / r.server_ttft_p95_ms for r in runs
-                  if r.client == client and r.ttft_p95_ms is not None and r.server_ttft_p95_ms]
+                  if r.client == client and r.schedule == "alternate" and r.ttft_p95_ms is not None
+                  and r.server_ttft_p95_ms]
         out[client] = spread(ratios)["median"]
     return out
 
 
-def compare(runs: Sequence[RunFigures]) -> dict[str, Any]:
-    """Per metric: each client's runs and median, the ratio of the medians (ours / theirs),
-    the ratio within each pair (run k of ours against run k of theirs), and the verdict."""
+def compare(runs: Sequence[RunFigures], schedule: Schedule = "alternate") -> dict[str, Any]:
+    """Per metric, over the runs of `schedule`: each client's runs and median, the ratio of the
+    medians (ours / theirs), the ratio within each pair (run k of ours against run k of
+    theirs), and the verdict."""
+    runs = [r for r in runs if r.schedule == schedule]
     out: dict[str, Any] = {}
     for metric in METRICS:
         ours = {r.run: getattr(r, metric) for r in runs if r.client == "ours"}
@@ -357,12 +415,22 @@ def compare(runs: Sequence[RunFigures]) -> dict[str, Any]:
     return out
 
 
-def goals(comparison: dict[str, Any]) -> list[Goal]:
+def goals(comparison: dict[str, Any], together: dict[str, Any] | None = None) -> list[Goal]:
+    found = []
+    cases = [(comparison, "one client at a time")] + ([(together, "both at once")] if together else [])
+    for compared, how in cases:
+        found += goals_of(compared, how)
+    return found
+
+
+def goals_of(comparison: dict[str, Any], how: str) -> list[Goal]:
     found = []
     for metric, name in (("ttft_p95_ms", "TTFT p95"), ("tpot_p95_ms", "TPOT p95")):
         c = comparison[metric]
+        if c["ratio_of_medians"] is None and not c["ours"]:
+            continue  # no runs of this schedule
         paired = ", ".join(fmt(p) for p in c["paired_ratios"])
-        found.append(Goal(name=f"{name} at the capacity, ours / vllm bench serve (ratio of medians)",
+        found.append(Goal(name=f"{name} at the capacity, ours / vllm bench serve, {how} (ratio of medians)",
                           target=f"within {TOLERANCE:.0%} of 1", measured=c["ratio_of_medians"],
                           met=c["within_tolerance"], note=f"per pair {paired}" if paired else ""))
     return found
@@ -370,13 +438,13 @@ def goals(comparison: dict[str, Any]) -> list[Goal]:
 
 def runs_table(runs: Sequence[RunFigures]) -> list[str]:
     """One row per run, in the order run, and the pair's ratios on the second run of a pair."""
-    by_key = {(r.client, r.run): r for r in runs}
+    by_key = {(r.client, r.run, r.schedule): r for r in runs}
     rows = []
     for r in runs:
-        other = by_key.get(("ours" if r.client == "vllm" else "vllm", r.run))
+        other = by_key.get(("ours" if r.client == "vllm" else "vllm", r.run, r.schedule))
         pair = r.client == "vllm" and other is not None
         rows.append([
-            r.run, "ours (workloads.replay)" if r.client == "ours" else "vllm bench serve",
+            r.run, r.schedule, "ours (workloads.replay)" if r.client == "ours" else "vllm bench serve",
             fmt(r.ttft_p95_ms, 4), fmt(r.tpot_p95_ms, 4),
             fmt(ratio(other.ttft_p95_ms, r.ttft_p95_ms), 3) if pair else "",
             fmt(ratio(other.tpot_p95_ms, r.tpot_p95_ms), 3) if pair else "",
@@ -385,7 +453,7 @@ def runs_table(runs: Sequence[RunFigures]) -> list[str]:
             f"{r.output_tokens} / {fmt(r.server_generation_tokens, 6)}",
             fmt(r.server_ttft_p95_ms, 4), fmt(r.server_itl_p95_ms, 3), r.foreign_engines, fmt(r.wall_s, 3),
         ])
-    return md_table(["run", "client", "TTFT p95 ms", "TPOT p95 ms", "TTFT ours/vllm", "TPOT ours/vllm",
+    return md_table(["run", "schedule", "client", "TTFT p95 ms", "TPOT p95 ms", "TTFT ours/vllm", "TPOT ours/vllm",
                      "completed/sent", "offered req/s as sent", "input tokens (client / server)",
                      "output tokens (client / server)", "server TTFT p95 ms", "server ITL p95 ms",
                      "other engines", "wall s"], rows)
@@ -423,6 +491,13 @@ class Plan:
     requests: int
     arrivals: Arrivals
     work: Path
+    together_pairs: int = 0  # pairs of together-runs after the alternating runs
+    max_run_s: float = 30.0  # fewer requests (not fewer than MIN_REQUESTS) where more take longer
+
+    def requests_at(self, rate_rps: float) -> int:
+        """Requests per run at `rate_rps`: `requests`, fewer where they would take over
+        `max_run_s` at that rate, never fewer than MIN_REQUESTS."""
+        return max(MIN_REQUESTS, min(self.requests, int(rate_rps * self.max_run_s) + 1))
 
 
 @dataclasses.dataclass
@@ -471,21 +546,89 @@ async def run_ours(plan: Plan, trace: Trace, url: str, run: int) -> RunFigures:
     return ours_figures(result, run)
 
 
+def vllm_run_command(plan: Plan, trace: Trace, url: str, rate_rps: float, tag: str,
+                     first_hash_id: int, arrivals: Arrivals) -> tuple[list[str], Path]:
+    """Write the dataset for one vLLM run; its command and result path."""
+    dataset = plan.work / f"vllm-{tag}.timed_trace.jsonl"
+    write_timed_trace(trace, dataset, first_hash_id=first_hash_id)
+    result_path = plan.work / f"vllm-{tag}.json"
+    command = vllm_command(dataset, len(trace), url, result_path, arrivals=arrivals, rate_rps=rate_rps,
+                           seed=first_hash_id // HASH_ID_STRIDE,
+                           model=str(plan.config.engine.get("model") or DEFAULT_MODEL_DIR))
+    return command, result_path
+
+
+def vllm_failed(code: int | None, log_path: Path) -> SystemExit:
+    tail = log_path.read_text(errors="replace").splitlines()[-15:]
+    return SystemExit(f"capacity_fidelity: vllm bench serve exited {code}; last lines of {log_path}:\n"
+                      + "\n".join(tail))
+
+
 async def run_vllm(plan: Plan, trace: Trace, url: str, rate_rps: float, run: int) -> tuple[RunFigures, str]:
-    dataset = plan.work / f"vllm-{run}.timed_trace.jsonl"
-    write_timed_trace(trace, dataset, first_hash_id=run * HASH_ID_STRIDE)
-    result_path = plan.work / f"vllm-{run}.json"
-    command = vllm_command(dataset, len(trace), url, result_path, arrivals=plan.arrivals,
-                           rate_rps=rate_rps, seed=run, model=str(plan.config.engine.get("model") or DEFAULT_MODEL_DIR))
+    command, result_path = vllm_run_command(plan, trace, url, rate_rps, str(run), run * HASH_ID_STRIDE,
+                                            plan.arrivals)
     log_path = plan.work / f"vllm-{run}.log"
     with open(log_path, "w") as log:
         done = await asyncio.to_thread(subprocess.run, command, cwd=ROOT, stdout=log,
                                        stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0 or not result_path.exists():
-        tail = log_path.read_text(errors="replace").splitlines()[-15:]
-        raise SystemExit(f"capacity_fidelity: vllm bench serve exited {done.returncode}; "
-                         f"last lines of {log_path}:\n" + "\n".join(tail))
+        raise vllm_failed(done.returncode, log_path)
     return vllm_figures(parse_vllm_result(result_path), run), shown_command(command, plan.work)
+
+
+async def run_together(plan: Plan, trace: Trace, ours_idx: np.ndarray, vllm_idx: np.ndarray, url: str,
+                       rate_rps: float, tag: str, seed: int) -> tuple[ReplayResult, VllmBenchResult]:
+    """Both clients at once: vLLM sends the requests `vllm_idx`, ours `ours_idx`, each at its
+    time in `trace`. Ours starts when vLLM prints that its main run starts (its clock starts
+    right after: one GET /metrics later), so both schedules share t=0 within tens of ms."""
+    # Self-timed on the file: the same schedule as ours, whatever --arrivals.
+    command, result_path = vllm_run_command(plan, trace.subset(vllm_idx), url, rate_rps / 2, tag,
+                                            seed * HASH_ID_STRIDE, "recorded")
+    log_path = plan.work / f"vllm-{tag}.log"
+    process = await asyncio.create_subprocess_exec(*command, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.STDOUT)
+    assert process.stdout is not None
+    with open(log_path, "wb") as log:
+        async for line in process.stdout:  # vLLM's start-up: imports, tokenizer, its ready check
+            log.write(line)
+            if b"Starting main benchmark run" in line:
+                break
+        else:
+            raise vllm_failed(await process.wait(), log_path)
+        options = ReplayOptions(mode="timed", benchmark_mode=True, slos=tuple(plan.slos),
+                                prompts=PromptFactory(seed=PROMPT_SEED_BASE + seed))
+        ours = asyncio.create_task(replay(trace.subset(ours_idx), url, options))
+        async for line in process.stdout:
+            log.write(line)
+        code = await process.wait()
+        result = await ours
+    if code != 0 or not result_path.exists():
+        raise vllm_failed(code, log_path)
+    return result, parse_vllm_result(result_path)
+
+
+async def together_pair(plan: Plan, trace: Trace, pair: int, url: str, rate_rps: float,
+                        settler: ServerSettler) -> list[RunFigures]:
+    """Two together-runs with the halves swapped: each client measures every request once,
+    under the same server state as the other. Returns ours and theirs for the pair."""
+    even, odd = np.arange(0, len(trace), 2), np.arange(1, len(trace), 2)
+    halves: dict[Client, list[tuple[list[float], list[float]]]] = {"ours": [], "vllm": []}
+    sent: dict[Client, list[RunFigures]] = {"ours": [], "vllm": []}
+    for half, (ours_idx, vllm_idx) in enumerate(((even, odd), (odd, even))):
+        await settler.wait(f"before together pair {pair}, half {half + 1}")
+        started = time.monotonic()
+        ours, theirs = await run_together(plan, trace, ours_idx, vllm_idx, url, rate_rps,
+                                          f"together-{pair}-{half + 1}", seed=100 + 2 * pair + half)
+        wall = round(time.monotonic() - started, 1)
+        halves["ours"].append(ours_per_request(ours))
+        halves["vllm"].append(vllm_per_request(theirs))
+        sent["ours"].append(ours_figures(ours, pair).model_copy(update={"wall_s": wall}))
+        sent["vllm"].append(vllm_figures(theirs, pair).model_copy(update={"wall_s": wall}))
+    figures = [together_figures(client, pair, halves[client], sent[client]) for client in ("ours", "vllm")]
+    for f in figures:
+        say(f"together pair {pair}, {f.client}: TTFT p95 {fmt(f.ttft_p95_ms, 4)} ms, TPOT p95 "
+            f"{fmt(f.tpot_p95_ms, 4)} ms over {f.completed}/{f.requests}, {fmt(f.offered_rps, 3)} req/s per half as sent")
+    return figures
 
 
 async def one_run(plan: Plan, client: Client, run: int, trace: Trace, server: ServerProcess,
@@ -522,9 +665,11 @@ async def measure(plan: Plan, server: ServerProcess) -> Measured:
                 raise SystemExit(f"capacity_fidelity: the ladder found no capacity ({capacity.describe()})")
             rate = capacity.capacity_rps
         speedup = rate / recorded_rate(plan.window)
-        trace = measured_trace(plan.window, rate, plan.requests, plan.arrivals)
+        requests = plan.requests_at(rate)
+        trace = measured_trace(plan.window, rate, requests, plan.arrivals)
         say(f"at {rate:.3g} req/s (x{speedup:.3g} the window's {recorded_rate(plan.window):.3g}): "
-            f"{len(trace)} requests over {trace.duration_s():.1f} s, {plan.arrivals} arrivals, {plan.runs} runs per client")
+            f"{len(trace)} requests over {trace.duration_s():.1f} s, {plan.arrivals} arrivals, {plan.runs} runs per "
+            f"client, then {plan.together_pairs} pairs of runs with both at once")
         settler = ServerSettler(url=server.url, replay=ReplayOptions(), replay_fn=replay, scraper=scraper,
                                 timeout_s=plan.ladder.drain_timeout_s, slack_ms=plan.ladder.settle_slack_ms,
                                 check_alive=lambda _when: None)
@@ -536,11 +681,13 @@ async def measure(plan: Plan, server: ServerProcess) -> Measured:
             for client_name in ("ours", "vllm"):
                 # Poisson: each of our runs on its own seed, as each vLLM run draws its own.
                 sent = trace if plan.arrivals == "recorded" else measured_trace(
-                    plan.window, rate, plan.requests, "poisson", seed=run)
+                    plan.window, rate, requests, "poisson", seed=run)
                 figures, command = await one_run(plan, client_name, run, sent, server, scraper, settler, rate)
                 runs.append(figures)
                 if command:
                     commands["vllm"] = command
+        for pair in range(1, plan.together_pairs + 1):
+            runs += await together_pair(plan, trace, pair, server.url, rate, settler)
         return Measured(capacity, rate, speedup, runs, trace, server.ready_at - server.spawned_at, commands)
 
 
@@ -549,8 +696,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", default=str(SAMPLE))
     parser.add_argument("--config", help="server config YAML (default: the embedded model, vLLM's defaults)")
     parser.add_argument("--rate", type=float, help="req/s to compare at (default: one ladder's capacity)")
-    parser.add_argument("--runs", type=int, default=4, help="runs per client, interleaved")
-    parser.add_argument("--requests", type=int, default=120, help="requests per run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per client, one at a time, interleaved")
+    parser.add_argument("--requests", type=int, default=120,
+                        help="requests per run (fewer where they would take over --max-run-s, at least 40)")
+    parser.add_argument("--max-run-s", type=float, default=30.0)
+    parser.add_argument("--together", type=int, default=2,
+                        help="then this many pairs of runs with both clients at once, halves swapped")
     parser.add_argument("--arrivals", choices=("recorded", "poisson"), default="recorded")
     parser.add_argument("--tuning-window-s", type=float, default=30.0)
     parser.add_argument("--holdout-window-s", type=float, default=20.0)
@@ -560,7 +711,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "per-request results) in this folder instead of a temporary one")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs, args.requests = 1, 40
+        args.runs, args.requests, args.together = 1, 40, 1
     if args.runs < 1 or args.requests < 10:
         parser.error("--runs must be >= 1 and --requests >= 10")
     if args.rate is not None and not args.rate > 0:
@@ -584,7 +735,7 @@ def main() -> int:
         Path(scratch).mkdir(parents=True, exist_ok=True)
         plan = Plan(config=config, window=window, slos=slos, ladder=LadderSettings.for_accelerator("cpu"),
                     rate_rps=args.rate, runs=args.runs, requests=args.requests, arrivals=args.arrivals,
-                    work=Path(scratch))
+                    work=Path(scratch), together_pairs=args.together, max_run_s=args.max_run_s)
         server = start_server(plan)
         try:
             measured = asyncio.run(measure(plan, server))
@@ -596,6 +747,7 @@ def main() -> int:
 
 def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, measured: Measured) -> None:
     comparison = {**compare(measured.runs), "ttft_p95_over_server": against_server(measured.runs)}
+    together = compare(measured.runs, "together") if plan.together_pairs else None
     capacity = measured.capacity
     results = {
         "rate_rps": measured.rate_rps, "speedup": measured.speedup,
@@ -610,12 +762,14 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
                  "output_tokens": int(measured.trace.output_lengths.sum())},
         "runs": [r.model_dump() for r in measured.runs],
         "comparison": comparison,
+        "comparison_together": together,
         "engine_start_s": round(measured.ready_s, 1),
     }
     settings = {"trace": str(Path(args.trace).resolve().relative_to(ROOT)) if Path(args.trace).resolve().is_relative_to(ROOT) else args.trace,
                 "config": args.config or "embedded model, vLLM's defaults (ServerConfig.default())",
                 "engine": plan.config.engine, "slos": [s.spec() for s in plan.slos],
                 "ladder": plan.ladder.model_dump(), "runs": plan.runs, "requests": plan.requests,
+                "max_run_s": plan.max_run_s, "together_pairs": plan.together_pairs,
                 "arrivals": plan.arrivals, "tolerance": TOLERANCE,
                 "vllm_bench_command": measured.commands.get("vllm", "")}
     capacity_line = (f"Rate: {measured.rate_rps:.3g} req/s from --rate" if capacity is None else
@@ -628,6 +782,10 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
         "output tokens; both clients the same requests and lengths.",
         "Runs alternate ours, vllm, ours, vllm ...; the server is idle before each (ServerSettler). Both clients run "
         "on this machine's 2 CPUs beside the server (and other engineers' work: load averages above).",
+        f"Then {plan.together_pairs} pair(s) of runs with both clients at once (`together`): vLLM sends the odd "
+        "positions and ours the even ones, each at its time in the same schedule (each client half the rate, the "
+        "server the whole), then the halves swap; each client's p95 is over every request once, measured under "
+        "the same server state as the other's. The server's counters cover both clients there: not shown per client.",
         f"`vllm bench serve` command (per run, the dataset and result paths change): `{measured.commands.get('vllm', '')}`.",
         "Definitions: TTFT from the client's send to the first streamed chunk with a token (ours) / with a "
         "choice (vLLM); TPOT per request (E2E - TTFT) / (output tokens - 1), E2E ending at `[DONE]` (ours) / "
@@ -636,10 +794,13 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
         "bucketed histograms, interpolated as Prometheus does: coarse, but the same server-side ruler "
         "for both clients' runs).",
     ]
-    tables = ["## At the capacity: medians over runs", ""] + summary_table(comparison) + [
-        "", "## Per run (in the order run)", ""] + runs_table(measured.runs)
-    recorder.write(recorder.result(settings=settings, goals=goals(comparison), results=results, notes=notes),
-                   "\n".join(tables))
+    tables = ["## At the capacity, one client at a time: medians over runs", ""] + summary_table(comparison)
+    if together is not None:
+        tables += ["", "## At the capacity, both clients at once (halves swapped): medians over pairs", ""] + \
+            summary_table({**together, "ttft_p95_over_server": {"ours": None, "vllm": None}})[:-2]
+    tables += ["", "## Per run (in the order run)", ""] + runs_table(measured.runs)
+    recorder.write(recorder.result(settings=settings, goals=goals(comparison, together), results=results,
+                                   notes=notes), "\n".join(tables))
 
 
 if __name__ == "__main__":

@@ -231,3 +231,30 @@ def test_the_report_shows_the_vllm_command_as_typed_from_the_repository(bench: M
                             "--base-url http://127.0.0.1:PORT ")
     assert "--dataset-path WORK/vllm-1.timed_trace.jsonl" in shown and "--result-dir WORK " in shown
     assert "--model server/models/tiny-multilingual " in shown and "/tmp/" not in shown
+
+
+def test_vllms_per_request_figures_follow_its_own_definitions(bench: ModuleType) -> None:
+    result = bench.VllmBenchResult.model_validate(vllm_result(
+        ttfts=[0.02, 0.05, None, 0.01], latencies=[0.21, 0.05, None, 0.5], output_lens=[20, 1, 0, 50],
+        errors=["", "", "timeout", ""]))
+    ttfts, tpots = bench.vllm_per_request(result)
+    assert ttfts == pytest.approx([20.0, 50.0, 10.0])  # the failed request has none
+    assert tpots == pytest.approx([10.0, 10.0])  # (E2E - TTFT) / (n - 1); none for one token
+
+
+def test_a_together_pair_gives_each_client_its_p95_over_both_halves(bench: ModuleType) -> None:
+    # Each half: one client's share of the requests; the pair's p95 is over all of them.
+    halves = [([float(v) for v in range(1, 51)], [5.0] * 50), ([float(v) for v in range(51, 101)], [7.0] * 50)]
+    sent = [bench.RunFigures(client="ours", run=1, ttft_p95_ms=None, tpot_p95_ms=None, requests=50, completed=50,
+                             failed=0, offered_rps=rate, input_tokens=10, output_tokens=20, wall_s=30.0)
+            for rate in (2.4, 2.6)]
+    pair = bench.together_figures("ours", 1, halves, sent)
+    assert pair.schedule == "together" and (pair.requests, pair.completed, pair.input_tokens) == (100, 100, 20)
+    assert pair.ttft_p95_ms == pytest.approx(float(np.percentile(np.arange(1, 101), 95)))
+    assert pair.tpot_p95_ms == pytest.approx(7.0) and pair.offered_rps == pytest.approx(2.5)
+    # Together runs are compared among themselves, never with one-at-a-time runs.
+    theirs = pair.model_copy(update={"client": "vllm", "ttft_p95_ms": pair.ttft_p95_ms * 2})
+    alone = runs(bench, ours=[(400.0, 20.0)], theirs=[(500.0, 20.0)])
+    compared = bench.compare([*alone, pair, theirs], "together")
+    assert compared["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.5])
+    assert bench.compare([*alone, pair, theirs])["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.8])
