@@ -179,7 +179,10 @@ class GateRunner:
         """Re-run the top K and the baseline on the held-out window, R times, interleaved."""
         options = self.options
         top = self.best_trials(study, options.top_k)
-        top += self.numerics_free(study, top)
+        for trial in self.numerics_free(study, top):
+            self.say(f"gate: every top config changes numerics; also validating {trial_label(trial.number)}, "
+                     "the best that does not, so that the user can choose")
+            top.append(trial)
         candidates: dict[str, ServerConfig] = {BASELINE: trial_config(self.inputs.baseline, {})}
         for trial in top:
             candidates[trial_label(trial.number)] = trial_config(self.inputs.baseline, trial.user_attrs.get("overrides", {}))
