@@ -56,6 +56,7 @@ from autotune.measure.signals import stop_reason
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
+from workloads.reconcile import reconcile
 from workloads.replay import ReplayOptions, replay
 from workloads.replay_summary import ReplayResult, ReplaySummary, write_records
 from workloads.replay_workers import replay_with_workers
@@ -82,6 +83,7 @@ FailureKind = Literal[
     "interrupted",
     "pruned",
     "client_lag",  # the replayer fell behind its schedule: the run is not scored
+    "unreconciled",  # the run's counts did not add up (workloads.reconcile): not scored
     "environment",  # the install or the machine (a missing module, no CUDA driver): stops the study
 ]
 
@@ -412,6 +414,12 @@ class TrialRunner:
                 f"{summary.failed} of {attempted} requests failed "
                 f"(limit {self.max_error_fraction:.0%}); first: {first_error}",
             )
+        counted = reconcile(window.subset(np.arange(options.planned(window))), trial.result,
+                            benchmark_mode=options.benchmark_mode)
+        for warning in counted.warnings:
+            self.say(f"  warning: {warning}")
+        if counted.problem is not None:
+            raise _Failed("unreconciled", f"not scored: its counts do not reconcile: {counted.problem}")
         if options.mode.kind != "timed":
             return None
         sent = window.subset(np.arange(options.planned(window)))
@@ -445,6 +453,8 @@ class TrialRunner:
             started = time.monotonic()
             try:
                 trial.capacity = await ladder.run(window)
+                if not ladder.steps and trial.capacity.stopped_by == "reconciliation":
+                    raise _Failed("unreconciled", trial.capacity.unscored[-1].reason)
                 if not ladder.steps:  # every run unscored: nothing known about this config
                     raise _Failed("client_lag", "not scored: the replayer fell behind its schedule "
                                   f"at every rate tried ({trial.capacity.unscored[-1].reason.removeprefix('not scored: ')})")
