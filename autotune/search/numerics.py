@@ -120,7 +120,8 @@ def numerics_record(
         best = free[0]
         alternative = {
             "candidate": best.candidate,
-            "overrides": overrides_of(best.candidate) or {},
+            # None is vLLM's default, which the config file leaves out: not a change to show.
+            "overrides": {k: v for k, v in (overrides_of(best.candidate) or {}).items() if v is not None},
             "median": best.median,
             "vs_baseline": (best.median - base) / base if base else None,
             "eligible": best.eligible,
