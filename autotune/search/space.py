@@ -391,9 +391,10 @@ class SearchSpace:
         """One line per clamped knob (`clamps`), for the live line and the report."""
         lines = []
         for name, (value, clamped) in self.clamps(values).items():
-            to = f"clamped to {clamped}" if clamped is not None else "left to the sampler"
+            to = (f"first moves start from it clamped to {clamped}" if clamped is not None
+                  else "first moves leave it to the sampler")
             lines.append(f"{name}: the baseline's {value} is outside the space ({self.params[name].describe()}, "
-                         f"{self.source}); searched configs and first moves use it {to}")
+                         f"{self.source}); {to}, so each also changes {name}")
         return lines
 
     def broken_relations(self, values: Mapping[str, Any]) -> list[str]:
