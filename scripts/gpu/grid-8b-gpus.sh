@@ -23,7 +23,7 @@ measure=(python3 benchmarks/search_efficiency.py measure --objective capacity
   --trace "$run/traffic.jsonl" --seqs "${SEQS:-128,256,512,1024}" --batched "${BATCHED:-512,1024,2048,4096,8192}"
   "--run-arg=--model=$kit/models/llama3.1-8b-shape" --run-arg=--load-format=dummy
   --run-arg=--max-model-len=8192 --run-arg=--slo=ttft_p95_ms=500 --run-arg=--slo=tpot_p95_ms=50
-  --run-arg=--tuning-window=60 --run-arg=--holdout-window=60 "--run-arg=--step-requests=${STEP_REQUESTS:-120}")
+  --run-arg=--tuning-window=60 --run-arg=--holdout-window=60 "--run-arg=--step-requests=${STEP_REQUESTS:-200}")
 printf '%q ' "${measure[@]}" --table "$run/grid" > "$run/grid-command.txt"; echo >> "$run/grid-command.txt"
 echo "$gpus GPUs, $cpus CPUs: $per CPUs per shard" | tee -a "$run/grid.log"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >> "$run/grid.log"

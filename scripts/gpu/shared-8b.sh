@@ -16,7 +16,7 @@ cmd=(python3 -m autotune run --workload "$run/traffic.jsonl" --over-context drop
   --model "$kit/models/llama3.1-8b-shape" --load-format dummy --max-model-len 8192
   --baseline scripts/gpu/baseline-shared.yaml --space scripts/gpu/space-8b-shared.yaml
   ${COMPARE---compare scripts/gpu/handtuned.yaml}
-  --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 ${OBJECTIVE:---objective capacity} --step-requests ${STEP_REQUESTS:-120}
+  --slo ttft_p95_ms=500 --slo tpot_p95_ms=50 ${OBJECTIVE:---objective capacity} --step-requests ${STEP_REQUESTS:-200}
   --trials ${TRIALS:-4} --tuning-window 60 --holdout-window 60 --top-k 1 --repeats ${REPEATS:-3}
   --study-name ${STUDY:-h100-llama8b-shared} --output-dir "$run/study" --seed 0 "$@")
 printf '%q ' "${cmd[@]}" > "$run/command.txt"; echo >> "$run/command.txt"
