@@ -104,7 +104,7 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
             failure = f"{failure}: {detail}" if failure else str(detail)
         if lost_worker(trial):
             failure = "worker lost (no heartbeat)"
-        notes = []
+        notes = [trial.user_attrs["unscored"][:160]] if trial.user_attrs.get("unscored") else []
         if trial.system_attrs.get("failed_trial") is not None:
             notes.append(f"retry of {trial_label(int(trial.system_attrs['retry_history'][-1]))}")
         if trial.number in retried_as:

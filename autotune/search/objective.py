@@ -199,6 +199,8 @@ class Evaluation(BaseModel):
     first_fail_rps: float | None = None
     resolution: float | None = None
     infeasible: str | None = None  # no load the ladder tried met the SLOs (CapacityResult.infeasible)
+    # Ladder steps not scored (client lag, counts that did not reconcile): how many, the last why.
+    unscored: str | None = None
     # min-memory: the config's gpu_memory_utilization and the KV cache vLLM made of it
     memory: float | None = None
     kv_cache_gib: float | None = None
@@ -361,7 +363,17 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
         first_fail_rps=capacity.first_fail_rps if capacity is not None else None,
         resolution=capacity.resolution if capacity is not None else None,
         infeasible=capacity.infeasible if capacity is not None else None,
+        unscored=unscored_note(capacity),
     )
+
+
+def unscored_note(capacity: Any) -> str | None:
+    """"2 steps not scored (last: the replayer's send-lag p99 was 80 ms ...)", or None."""
+    steps = list(getattr(capacity, "unscored", None) or [])
+    if not steps:
+        return None
+    why = steps[-1].reason.removeprefix("not scored: ")
+    return f"{len(steps)} step{'s' if len(steps) > 1 else ''} not scored (last: {why})"
 
 
 def _evaluate_min_memory(outcome: Any, slos: Sequence[SLO], memory: float | None) -> Evaluation:

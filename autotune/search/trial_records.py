@@ -62,6 +62,8 @@ def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, se
         trial.set_user_attr("resolution", evaluation.resolution)
         if evaluation.infeasible:
             trial.set_user_attr("infeasible", evaluation.infeasible)
+        if evaluation.unscored:
+            trial.set_user_attr("unscored", evaluation.unscored)
     if evaluation.memory is not None:
         trial.set_user_attr("memory", evaluation.memory)
         trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)

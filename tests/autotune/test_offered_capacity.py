@@ -269,3 +269,22 @@ def test_search_anyway_goes_on_past_a_baseline_that_met_the_slos_at_no_load() ->
     assert refused is not None and refused.startswith("the baseline's trial ")
     assert refused.endswith(f": {infeasible} (--search-anyway searches all the same)")
     assert baseline_failure([baseline], infeasible_ok=True) is None
+
+
+def test_a_step_whose_counts_did_not_reconcile_is_named_in_the_trial_s_record() -> None:
+    """The ladder keeps an unscored step apart; the trial's score carries how many and why, for
+    the live line's trial and the report's trial table."""
+    from autotune.measure.ladder import CapacityResult
+    from autotune.search.objective import unscored_note
+
+    summary = sent_on_schedule(step_trace(bursty_window(), 1.0, LadderSettings())).summary
+    unscored = LadderStep(index=1, speedup=2.0, offered_rps=4.4, requests=200, passed=False, scored=False,
+                          reason="not scored: its counts do not reconcile: received 1,494 of 5,908 "
+                                 "requested output tokens (25%)",
+                          measured_ms={}, summary=summary, seconds=1.0)
+    capacity = CapacityResult(capacity_rps=2.2, capacity_speedup=1.0, recorded_rps=2.2, first_fail_rps=None,
+                              bracketed=False, steps=[], unscored=[unscored], stopped_by="reconciliation")
+    assert unscored_note(capacity) == (
+        "1 step not scored (last: its counts do not reconcile: received 1,494 of 5,908 requested "
+        "output tokens (25%))")
+    assert unscored_note(capacity.model_copy(update={"unscored": []})) is None
