@@ -55,7 +55,6 @@ import dataclasses
 import json
 import logging
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ from typing import Any, Literal
 
 import httpx
 import numpy as np
+import psutil
 from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 from pydantic import BaseModel, ConfigDict
 
@@ -78,6 +78,7 @@ from autotune.measure.ladder import (
     step_trace,
 )
 from autotune.measure.launcher import ServerLauncher, ServerProcess
+from autotune.measure.process_cpu import cpu_use
 from autotune.measure.scraper import MetricsScraper, MetricsSnapshot, server_metrics
 from autotune.measure.servers import TrialServer
 from autotune.measure.settle import ServerSettler
@@ -149,10 +150,18 @@ class RunFigures(BaseModel):
     tpot_p95_ms: float | None
     ttft_median_ms: float | None = None
     tpot_median_ms: float | None = None
+    # 90% bootstrap intervals (ms) of the two p95s over this run's own requests (p95_interval).
+    ttft_p95_interval: tuple[float, float] | None = None
+    tpot_p95_interval: tuple[float, float] | None = None
     requests: int  # sent
     completed: int
     failed: int
     offered_rps: float | None  # as sent: (n - 1) / span of the send times
+    send_lag_p99_ms: float | None = None  # how late the client sent, against its schedule
+    # CPU seconds over the run: the client's own process (ours: this one; vLLM's from the
+    # start of its main run to its result table), and every server process together.
+    client_cpu_s: float | None = None
+    server_cpu_s: float | None = None
     input_tokens: int  # the client's count
     output_tokens: int
     server_prompt_tokens: float | None = None  # the server's counters over the run
@@ -272,8 +281,23 @@ def send_rate(send_times_s: Sequence[float]) -> float | None:
     return (len(times) - 1) / (times[-1] - times[0])
 
 
-def vllm_figures(result: VllmBenchResult, run: int) -> RunFigures:
+def vllm_send_lag_p99_ms(result: VllmBenchResult, scheduled_ms: Sequence[float]) -> float | None:
+    """p99 of how late vLLM sent each request against the file's schedule, in ms, measured
+    from its first send (its start instant is not in the result): (start_i - start_0) -
+    (t_i - t_0). None without one send time per scheduled request."""
+    starts = result.start_times
+    if len(starts) != len(scheduled_ms) or len(starts) < 2 or any(t is None for t in starts):
+        return None
+    sent = np.asarray(starts, dtype=np.float64)
+    due = np.asarray(scheduled_ms, dtype=np.float64) / 1000.0
+    return float(np.percentile(((sent - sent[0]) - (due - due[0])) * 1000.0, 99))
+
+
+def vllm_figures(result: VllmBenchResult, run: int, scheduled_ms: Sequence[float] | None = None) -> RunFigures:
+    """One vLLM run's figures; `scheduled_ms`: the file's arrival times (self-timed runs), for
+    its send lag."""
     completed = result.completed
+    ttfts, tpots = vllm_per_request(result)
     return RunFigures(
         client="vllm", run=run,
         # vLLM writes 0 for a percentile of no values: no completed request, no figure.
@@ -281,23 +305,42 @@ def vllm_figures(result: VllmBenchResult, run: int) -> RunFigures:
         tpot_p95_ms=result.p95_tpot_ms if completed else None,
         ttft_median_ms=result.median_ttft_ms if completed else None,
         tpot_median_ms=result.median_tpot_ms if completed else None,
+        ttft_p95_interval=p95_interval(ttfts), tpot_p95_interval=p95_interval(tpots),
         requests=completed + result.failed,
         completed=completed, failed=result.failed,
         offered_rps=send_rate([t for t in result.start_times if t is not None]),
+        send_lag_p99_ms=None if scheduled_ms is None else vllm_send_lag_p99_ms(result, scheduled_ms),
         input_tokens=result.total_input_tokens, output_tokens=result.total_output_tokens,
     )
 
 
 def ours_figures(result: ReplayResult, run: int) -> RunFigures:
     summary = result.summary
+    ttfts, tpots = ours_per_request(result)
     return RunFigures(
         client="ours", run=run,
         ttft_p95_ms=summary.p95_ttft_ms, tpot_p95_ms=summary.p95_tpot_ms,
         ttft_median_ms=summary.median_ttft_ms, tpot_median_ms=summary.median_tpot_ms,
+        ttft_p95_interval=p95_interval(ttfts), tpot_p95_interval=p95_interval(tpots),
         requests=len(result.records), completed=summary.completed, failed=summary.failed,
         offered_rps=send_rate([r.sent_s for r in result.records]),
+        send_lag_p99_ms=summary.send_lag_p99_ms,
         input_tokens=summary.total_input_tokens, output_tokens=summary.total_output_tokens,
     )
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def p95_interval(values: Sequence[float], seed: int = 0) -> tuple[float, float] | None:
+    """The 90% bootstrap interval (ms) of the p95 of `values`: how far the figure of one run
+    could move with another draw of as many requests from the same conditions."""
+    if len(values) < 2:
+        return None
+    array = np.asarray(values, dtype=np.float64)
+    draws = np.random.default_rng(seed).choice(array, size=(BOOTSTRAP_RESAMPLES, array.size))
+    low, high = np.percentile(np.percentile(draws, 95, axis=1), [5, 95])
+    return float(low), float(high)
 
 
 def p95(values: Sequence[float]) -> float | None:
@@ -333,8 +376,13 @@ def together_figures(client: Client, pair: int, halves: Sequence[tuple[list[floa
     ttfts = [v for half in halves for v in half[0]]
     tpots = [v for half in halves for v in half[1]]
     rates = [r.offered_rps for r in sent if r.offered_rps is not None]
+    lags = [r.send_lag_p99_ms for r in sent if r.send_lag_p99_ms is not None]
+    cpu = [r.client_cpu_s for r in sent if r.client_cpu_s is not None]
     return RunFigures(
         client=client, run=pair, schedule="together", ttft_p95_ms=p95(ttfts), tpot_p95_ms=p95(tpots),
+        client_cpu_s=sum(cpu) if len(cpu) == len(sent) else None,
+        ttft_p95_interval=p95_interval(ttfts), tpot_p95_interval=p95_interval(tpots),
+        send_lag_p99_ms=max(lags) if lags else None,
         ttft_median_ms=float(np.median(ttfts)) if ttfts else None,
         tpot_median_ms=float(np.median(tpots)) if tpots else None,
         requests=sum(r.requests for r in sent), completed=sum(r.completed for r in sent),
@@ -445,18 +493,62 @@ def runs_table(runs: Sequence[RunFigures]) -> list[str]:
         pair = r.client == "vllm" and other is not None
         rows.append([
             r.run, r.schedule, "ours (workloads.replay)" if r.client == "ours" else "vllm bench serve",
-            fmt(r.ttft_p95_ms, 4), fmt(r.tpot_p95_ms, 4),
+            f"{fmt(r.ttft_p95_ms, 4)} ({interval_text(r.ttft_p95_interval)})",
+            f"{fmt(r.tpot_p95_ms, 4)} ({interval_text(r.tpot_p95_interval)})",
             fmt(ratio(other.ttft_p95_ms, r.ttft_p95_ms), 3) if pair else "",
             fmt(ratio(other.tpot_p95_ms, r.tpot_p95_ms), 3) if pair else "",
-            f"{r.completed}/{r.requests}", fmt(r.offered_rps, 4),
+            f"{r.completed}/{r.requests}", fmt(r.offered_rps, 4), fmt(r.send_lag_p99_ms, 3),
             f"{r.input_tokens} / {fmt(r.server_prompt_tokens, 6)}",
             f"{r.output_tokens} / {fmt(r.server_generation_tokens, 6)}",
-            fmt(r.server_ttft_p95_ms, 4), fmt(r.server_itl_p95_ms, 3), r.foreign_engines, fmt(r.wall_s, 3),
+            fmt(r.server_ttft_p95_ms, 4), fmt(r.server_itl_p95_ms, 3), fmt(r.client_cpu_s, 3), fmt(r.server_cpu_s, 3),
+            r.foreign_engines, fmt(r.wall_s, 3),
         ])
-    return md_table(["run", "schedule", "client", "TTFT p95 ms", "TPOT p95 ms", "TTFT ours/vllm", "TPOT ours/vllm",
-                     "completed/sent", "offered req/s as sent", "input tokens (client / server)",
+    return md_table(["run", "schedule", "client", "TTFT p95 ms (90% bootstrap)", "TPOT p95 ms (90% bootstrap)",
+                     "TTFT ours/vllm", "TPOT ours/vllm", "completed/sent", "offered req/s as sent",
+                     "send lag p99 ms", "input tokens (client / server)",
                      "output tokens (client / server)", "server TTFT p95 ms", "server ITL p95 ms",
-                     "other engines", "wall s"], rows)
+                     "client CPU s", "server CPU s", "other engines", "wall s"], rows)
+
+
+def interval_text(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.4g}-{interval[1]:.4g}"
+
+
+def sampling_spread(runs: Sequence[RunFigures], metric: str) -> tuple[float, float] | None:
+    """Median over runs of a p95's 90% bootstrap interval relative to the p95 itself
+    (e.g. (0.8, 1.1): one run's figure could as well have been 20% lower or 10% higher)."""
+    interval_field = metric.replace("_ms", "_interval")  # ttft_p95_ms -> ttft_p95_interval
+    lows, highs = [], []
+    for r in runs:
+        value, interval = getattr(r, metric), getattr(r, interval_field)
+        if value and interval is not None:
+            lows.append(interval[0] / value)
+            highs.append(interval[1] / value)
+    if not lows:
+        return None
+    return float(np.median(lows)), float(np.median(highs))
+
+
+def reading(runs: Sequence[RunFigures], comparison: dict[str, Any], together: dict[str, Any] | None) -> list[str]:
+    """What the figures say about the gap between the clients, in lines for the notes."""
+    lines = []
+    for metric, name in (("ttft_p95_ms", "TTFT p95"), ("tpot_p95_ms", "TPOT p95")):
+        c = comparison[metric]
+        if c["ratio_of_medians"] is None:
+            continue
+        noise = sampling_spread([r for r in runs if r.schedule == "alternate"], metric)
+        line = (f"{name}, one client at a time: ours / vllm {c['ratio_of_medians']:.3g} (per pair "
+                f"{', '.join(fmt(p, 3) for p in c['paired_ratios'])}); each client's own runs range "
+                f"{fmt(c['ours_range'], 2)} (ours) and {fmt(c['vllm_range'], 2)} (vllm) of their median")
+        if noise is not None:
+            line += (f", and one run's p95 alone could have been x{noise[0]:.2f} to x{noise[1]:.2f} of itself "
+                     "(90% bootstrap over its requests, median over runs)")
+        if together is not None and together[metric]["ratio_of_medians"] is not None:
+            t = together[metric]
+            line += (f"; both at once, under one server state: {t['ratio_of_medians']:.3g} (per pair "
+                     f"{', '.join(fmt(p, 3) for p in t['paired_ratios'])})")
+        lines.append(line + ".")
+    return lines
 
 
 def summary_table(comparison: dict[str, Any]) -> list[str]:
@@ -540,10 +632,12 @@ async def find_capacity(plan: Plan, server: ServerProcess, scraper: MetricsScrap
 async def run_ours(plan: Plan, trace: Trace, url: str, run: int) -> RunFigures:
     options = ReplayOptions(mode="timed", benchmark_mode=True, slos=tuple(plan.slos),
                             prompts=PromptFactory(seed=PROMPT_SEED_BASE + run))
+    cpu_before = time.process_time()
     result = await replay(trace, url, options)
+    cpu_s = time.process_time() - cpu_before
     # Beside vLLM's detailed result, in the work folder (kept only with --keep).
     result.write(plan.work / f"ours-{run}.requests.jsonl", plan.work / f"ours-{run}.summary.json")
-    return ours_figures(result, run)
+    return ours_figures(result, run).model_copy(update={"client_cpu_s": cpu_s})
 
 
 def vllm_run_command(plan: Plan, trace: Trace, url: str, rate_rps: float, tag: str,
@@ -564,47 +658,97 @@ def vllm_failed(code: int | None, log_path: Path) -> SystemExit:
                       + "\n".join(tail))
 
 
+START_LINE = b"Starting main benchmark run"  # vLLM prints it, then starts its clock
+RESULT_LINE = b"Serving Benchmark Result"  # vLLM prints it once every request is done
+
+
+class VllmRun:
+    """One `vllm bench serve` process: its output into a log file, the start of its main run
+    awaited (`start`), and the CPU seconds it used from there to its result table (`cpu_s`:
+    its run without its start-up, which imports vLLM)."""
+
+    def __init__(self, command: Sequence[str], log_path: Path) -> None:
+        self.command = list(command)
+        self.log_path = log_path
+        self.cpu_s: float | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._started_cpu: float | None = None
+
+    async def start(self) -> None:
+        process = await asyncio.create_subprocess_exec(*self.command, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                       stderr=asyncio.subprocess.STDOUT)
+        self._process = process
+        if not await self._read_until(START_LINE):
+            raise vllm_failed(await process.wait(), self.log_path)
+        self._started_cpu = self._cpu_now()
+
+    async def finish(self) -> int:
+        """Read the rest of its output; its exit code."""
+        assert self._process is not None
+        if await self._read_until(RESULT_LINE) and self._started_cpu is not None:
+            now = self._cpu_now()
+            self.cpu_s = None if now is None else now - self._started_cpu
+        await self._read_until(None)
+        return await self._process.wait()
+
+    async def _read_until(self, marker: bytes | None) -> bool:
+        """Log lines until one holds `marker` (True) or the output ends (False)."""
+        assert self._process is not None and self._process.stdout is not None
+        with open(self.log_path, "ab") as log:
+            async for line in self._process.stdout:
+                log.write(line)
+                if marker is not None and marker in line:
+                    return True
+        return False
+
+    def _cpu_now(self) -> float | None:
+        assert self._process is not None
+        try:
+            times = psutil.Process(self._process.pid).cpu_times()
+        except psutil.Error:
+            return None
+        return times.user + times.system
+
+
 async def run_vllm(plan: Plan, trace: Trace, url: str, rate_rps: float, run: int) -> tuple[RunFigures, str]:
     command, result_path = vllm_run_command(plan, trace, url, rate_rps, str(run), run * HASH_ID_STRIDE,
                                             plan.arrivals)
-    log_path = plan.work / f"vllm-{run}.log"
-    with open(log_path, "w") as log:
-        done = await asyncio.to_thread(subprocess.run, command, cwd=ROOT, stdout=log,
-                                       stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0 or not result_path.exists():
-        raise vllm_failed(done.returncode, log_path)
-    return vllm_figures(parse_vllm_result(result_path), run), shown_command(command, plan.work)
+    vllm = VllmRun(command, plan.work / f"vllm-{run}.log")
+    await vllm.start()
+    code = await vllm.finish()
+    if code != 0 or not result_path.exists():
+        raise vllm_failed(code, vllm.log_path)
+    scheduled = list(trace.timestamps_ms) if plan.arrivals == "recorded" else None  # poisson: vLLM's own
+    figures = vllm_figures(parse_vllm_result(result_path), run, scheduled)
+    return figures.model_copy(update={"client_cpu_s": vllm.cpu_s}), shown_command(command, plan.work)
 
 
 async def run_together(plan: Plan, trace: Trace, ours_idx: np.ndarray, vllm_idx: np.ndarray, url: str,
-                       rate_rps: float, tag: str, seed: int) -> tuple[ReplayResult, VllmBenchResult]:
+                       rate_rps: float, tag: str, seed: int) -> tuple[RunFigures, RunFigures, tuple, tuple]:
     """Both clients at once: vLLM sends the requests `vllm_idx`, ours `ours_idx`, each at its
     time in `trace`. Ours starts when vLLM prints that its main run starts (its clock starts
-    right after: one GET /metrics later), so both schedules share t=0 within tens of ms."""
+    right after: one GET /metrics later), so both schedules share t=0 within tens of ms.
+    Returns each client's figures for its half and its per-request TTFTs and TPOTs."""
     # Self-timed on the file: the same schedule as ours, whatever --arrivals.
     command, result_path = vllm_run_command(plan, trace.subset(vllm_idx), url, rate_rps / 2, tag,
                                             seed * HASH_ID_STRIDE, "recorded")
-    log_path = plan.work / f"vllm-{tag}.log"
-    process = await asyncio.create_subprocess_exec(*command, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
-    assert process.stdout is not None
-    with open(log_path, "wb") as log:
-        async for line in process.stdout:  # vLLM's start-up: imports, tokenizer, its ready check
-            log.write(line)
-            if b"Starting main benchmark run" in line:
-                break
-        else:
-            raise vllm_failed(await process.wait(), log_path)
-        options = ReplayOptions(mode="timed", benchmark_mode=True, slos=tuple(plan.slos),
-                                prompts=PromptFactory(seed=PROMPT_SEED_BASE + seed))
-        ours = asyncio.create_task(replay(trace.subset(ours_idx), url, options))
-        async for line in process.stdout:
-            log.write(line)
-        code = await process.wait()
-        result = await ours
+    vllm = VllmRun(command, plan.work / f"vllm-{tag}.log")
+    await vllm.start()
+    options = ReplayOptions(mode="timed", benchmark_mode=True, slos=tuple(plan.slos),
+                            prompts=PromptFactory(seed=PROMPT_SEED_BASE + seed))
+    cpu_before = time.process_time()
+    ours_task = asyncio.create_task(replay(trace.subset(ours_idx), url, options))
+    code = await vllm.finish()
+    ours = await ours_task
+    ours_cpu = time.process_time() - cpu_before
     if code != 0 or not result_path.exists():
-        raise vllm_failed(code, log_path)
-    return result, parse_vllm_result(result_path)
+        raise vllm_failed(code, vllm.log_path)
+    ours.write(plan.work / f"ours-{tag}.requests.jsonl", plan.work / f"ours-{tag}.summary.json")
+    theirs = parse_vllm_result(result_path)
+    return (ours_figures(ours, 0).model_copy(update={"client_cpu_s": ours_cpu}),
+            vllm_figures(theirs, 0, list(trace.subset(vllm_idx).timestamps_ms)).model_copy(
+                update={"client_cpu_s": vllm.cpu_s}),
+            ours_per_request(ours), vllm_per_request(theirs))
 
 
 async def together_pair(plan: Plan, trace: Trace, pair: int, url: str, rate_rps: float,
@@ -617,17 +761,18 @@ async def together_pair(plan: Plan, trace: Trace, pair: int, url: str, rate_rps:
     for half, (ours_idx, vllm_idx) in enumerate(((even, odd), (odd, even))):
         await settler.wait(f"before together pair {pair}, half {half + 1}")
         started = time.monotonic()
-        ours, theirs = await run_together(plan, trace, ours_idx, vllm_idx, url, rate_rps,
-                                          f"together-{pair}-{half + 1}", seed=100 + 2 * pair + half)
+        ours, theirs, ours_values, their_values = await run_together(
+            plan, trace, ours_idx, vllm_idx, url, rate_rps, f"together-{pair}-{half + 1}", seed=100 + 2 * pair + half)
         wall = round(time.monotonic() - started, 1)
-        halves["ours"].append(ours_per_request(ours))
-        halves["vllm"].append(vllm_per_request(theirs))
-        sent["ours"].append(ours_figures(ours, pair).model_copy(update={"wall_s": wall}))
-        sent["vllm"].append(vllm_figures(theirs, pair).model_copy(update={"wall_s": wall}))
+        halves["ours"].append(ours_values)
+        halves["vllm"].append(their_values)
+        sent["ours"].append(ours.model_copy(update={"wall_s": wall}))
+        sent["vllm"].append(theirs.model_copy(update={"wall_s": wall}))
     figures = [together_figures(client, pair, halves[client], sent[client]) for client in ("ours", "vllm")]
     for f in figures:
         say(f"together pair {pair}, {f.client}: TTFT p95 {fmt(f.ttft_p95_ms, 4)} ms, TPOT p95 "
-            f"{fmt(f.tpot_p95_ms, 4)} ms over {f.completed}/{f.requests}, {fmt(f.offered_rps, 3)} req/s per half as sent")
+            f"{fmt(f.tpot_p95_ms, 4)} ms over {f.completed}/{f.requests}, {fmt(f.offered_rps, 3)} req/s per half as sent, "
+            f"client CPU {fmt(f.client_cpu_s, 3)} s")
     return figures
 
 
@@ -636,6 +781,7 @@ async def one_run(plan: Plan, client: Client, run: int, trace: Trace, server: Se
     await settler.wait(f"before {client} run {run}")
     others = EngineWatch.foreign_engines()
     before = await scraper.scrape()
+    server_before = server.cpu_reading()
     started = time.monotonic()
     command = ""
     if client == "ours":
@@ -643,13 +789,15 @@ async def one_run(plan: Plan, client: Client, run: int, trace: Trace, server: Se
     else:
         figures, command = await run_vllm(plan, trace, server.url, rate_rps, run)
     wall = time.monotonic() - started
+    server_cpu = sum(p.cpu_s for p in cpu_use(server_before, server.cpu_reading()))
     after = await scraper.scrape()
     figures = with_server_view(figures, before, after).model_copy(
-        update={"wall_s": round(wall, 1), "foreign_engines": others})
+        update={"wall_s": round(wall, 1), "foreign_engines": others, "server_cpu_s": round(server_cpu, 2)})
     say(f"{client} run {run}: TTFT p95 {fmt(figures.ttft_p95_ms, 4)} ms, TPOT p95 {fmt(figures.tpot_p95_ms, 4)} ms, "
         f"{figures.completed}/{figures.requests} completed at {fmt(figures.offered_rps, 4)} req/s as sent, "
         f"tokens in {figures.input_tokens} (server {fmt(figures.server_prompt_tokens, 6)}) out "
-        f"{figures.output_tokens} (server {fmt(figures.server_generation_tokens, 6)})")
+        f"{figures.output_tokens} (server {fmt(figures.server_generation_tokens, 6)}), CPU s client "
+        f"{fmt(figures.client_cpu_s, 3)} server {fmt(figures.server_cpu_s, 3)}")
     return figures, command
 
 
@@ -775,7 +923,7 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
     capacity_line = (f"Rate: {measured.rate_rps:.3g} req/s from --rate" if capacity is None else
                      f"Rate: the ladder's capacity on this server, {capacity.describe()} "
                      f"({len(capacity.steps)} steps, first fail {fmt(capacity.first_fail_rps)} req/s)")
-    notes = [
+    notes = reading(measured.runs, comparison, together) + [
         capacity_line + f"; x{measured.speedup:.3g} the window's recorded {recorded_rate(plan.window):.3g} req/s.",
         f"Sent per run: {len(measured.trace)} requests over {measured.trace.duration_s():.1f} s ({plan.arrivals} "
         f"arrivals), {int(measured.trace.input_lengths.sum())} input and {int(measured.trace.output_lengths.sum())} "
@@ -793,6 +941,9 @@ def write_results(recorder: Recorder, args: argparse.Namespace, plan: Plan, meas
         "Server columns: vLLM's own /metrics over each run (counters diffed; TTFT and ITL p95 from its "
         "bucketed histograms, interpolated as Prometheus does: coarse, but the same server-side ruler "
         "for both clients' runs).",
+        "Send lag p99: ours from its own records (send time against the schedule); vLLM from its detailed "
+        "result, each send against the file's timestamps measured from its first send (poisson runs: its own "
+        "schedule, not known here).",
     ]
     tables = ["## At the capacity, one client at a time: medians over runs", ""] + summary_table(comparison)
     if together is not None:

@@ -258,3 +258,78 @@ def test_a_together_pair_gives_each_client_its_p95_over_both_halves(bench: Modul
     compared = bench.compare([*alone, pair, theirs], "together")
     assert compared["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.5])
     assert bench.compare([*alone, pair, theirs])["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.8])
+
+
+def test_vllms_send_lag_is_read_against_the_files_schedule(bench: ModuleType) -> None:
+    # Sends at 0, 0.5, 1.02, 1.5 s (perf_counter from 1000) of a schedule 0, 0.5, 1.0, 1.5 s.
+    result = bench.VllmBenchResult.model_validate(vllm_result(start_times=[1000.0, 1000.5, 1001.02, 1001.5]))
+    lag = bench.vllm_send_lag_p99_ms(result, [0.0, 500.0, 1000.0, 1500.0])
+    assert lag == pytest.approx(float(np.percentile([0.0, 0.0, 20.0, 0.0], 99)), abs=1e-6)
+    assert bench.vllm_send_lag_p99_ms(result, [0.0, 500.0]) is None  # not one time per request
+    figures = bench.vllm_figures(result, 1, [0.0, 500.0, 1000.0, 1500.0])
+    assert figures.send_lag_p99_ms == pytest.approx(lag)
+    assert bench.vllm_figures(result, 1).send_lag_p99_ms is None  # poisson: vLLM's own schedule
+
+
+def test_a_runs_p95_comes_with_how_far_another_draw_could_move_it(bench: ModuleType) -> None:
+    rng = np.random.default_rng(1)
+    few, many = rng.exponential(100.0, 60), rng.exponential(100.0, 6000)
+    low, high = bench.p95_interval(list(few))
+    assert low < float(np.percentile(few, 95)) < high
+    wide = (high - low) / float(np.percentile(few, 95))
+    low, high = bench.p95_interval(list(many))
+    assert (high - low) / float(np.percentile(many, 95)) < wide / 5  # 100x the requests: ~10x narrower
+    assert bench.p95_interval([5.0]) is None
+
+
+def test_the_reading_sets_the_gap_against_each_clients_own_noise(bench: ModuleType) -> None:
+    table = runs(bench, ours=[(400.0, 20.0), (1600.0, 22.0), (800.0, 30.0)],
+                 theirs=[(1200.0, 20.0), (500.0, 20.0), (900.0, 20.0)])
+    table = [r.model_copy(update={"ttft_p95_interval": (0.8 * r.ttft_p95_ms, 1.1 * r.ttft_p95_ms)}) for r in table]
+    lines = bench.reading(table, bench.compare(table), None)
+    assert lines[0].startswith("TTFT p95, one client at a time: ours / vllm 0.889 (per pair 0.333, 3.2, 0.889)")
+    assert "range 1.5 (ours) and 0.78 (vllm) of their median" in lines[0]
+    assert "x0.80 to x1.10 of itself" in lines[0]
+    assert lines[1].startswith("TPOT p95") and "bootstrap" not in lines[1]  # no intervals given
+
+
+FAKE_VLLM = """
+import time
+print("importing vLLM ...", flush=True)
+end = time.process_time() + 0.3  # start-up CPU: not the run's
+while time.process_time() < end: pass
+print("Starting main benchmark run...", flush=True)
+end = time.process_time() + 0.2
+while time.process_time() < end: pass
+print("============ Serving Benchmark Result ============", flush=True)
+end = time.process_time() + 0.3  # writing its result: not the run's either
+while time.process_time() < end: pass
+raise SystemExit(3)
+"""
+
+
+def test_a_vllm_run_counts_the_cpu_of_its_main_run_only(bench: ModuleType, tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    async def run() -> tuple[int, float | None]:
+        vllm = bench.VllmRun([sys.executable, "-c", FAKE_VLLM], tmp_path / "vllm.log")
+        await vllm.start()
+        return await vllm.finish(), vllm.cpu_s
+
+    code, cpu_s = asyncio.run(run())
+    assert code == 3
+    assert cpu_s is not None and 0.18 <= cpu_s < 0.45
+    log = (tmp_path / "vllm.log").read_text()
+    assert log.startswith("importing vLLM") and "Serving Benchmark Result" in log
+
+
+def test_a_vllm_process_that_never_starts_its_run_is_reported_with_its_last_lines(bench: ModuleType,
+                                                                                 tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    vllm = bench.VllmRun([sys.executable, "-c", "print('ValueError: no tokenizer'); raise SystemExit(1)"],
+                         tmp_path / "vllm.log")
+    with pytest.raises(SystemExit, match=r"exited 1; last lines of (.|\n)*no tokenizer"):
+        asyncio.run(vllm.start())
