@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--study-name", default=None,
         help="Optuna study name (default: the workload's file name and today's date)")
     add("--output-dir", type=Path, default=None, metavar="DIR",
-        help="where trials, best.yaml and report.md go (default: results/STUDY_NAME/)")
+        help="where trials, best.yaml and report.md go (default: runs/STUDY_NAME/, which git ignores)")
     add("--storage", default=None, metavar="URL",
         help="Optuna storage URL, any RDB (default: sqlite:///OUTPUT_DIR/study.db)")
     add("--resume", action="store_true",
@@ -140,7 +140,7 @@ def run_request(args: argparse.Namespace) -> TuningRequest:
     return TuningRequest(
         workload=args.workload,
         study_name=study_name,
-        output_dir=args.output_dir or Path("results") / study_name,
+        output_dir=args.output_dir or Path("runs") / study_name,
         # The command as a user would retype it, whatever entry point ran it.
         command_line=["autotune", *sys.argv[1:]],
         trials=trials,

@@ -24,7 +24,7 @@ def _shared_flags(parser: argparse.ArgumentParser) -> None:
     add("--study", required=True, metavar="NAME",
         help="the study `autotune run --workers-only --study-name NAME` created")
     add("--output-dir", type=Path, default=None, metavar="DIR",
-        help="where this process writes (default: results/NAME/); workers of one host should "
+        help="where this process writes (default: runs/NAME/); workers of one host should "
              "share it, so a surviving worker ends the server of one that died")
     add("--worker-id", default=None, metavar="ID",
         help="this worker's name on its host (default: gpuN from CUDA_VISIBLE_DEVICES, else pidN); "
@@ -89,7 +89,7 @@ def worker_command(args: argparse.Namespace) -> int:
         args.study,
         url=args.storage,
         identity=WorkerIdentity.detect(args.worker_id),
-        output_dir=args.output_dir or Path("results") / args.study,
+        output_dir=args.output_dir or Path("runs") / args.study,
         max_retry=args.max_retry,
         fork_server_socket=fork_server,
     )
@@ -106,7 +106,7 @@ def finalize_command(args: argparse.Namespace) -> int:
         storage,
         args.study,
         url=args.storage,
-        output_dir=args.output_dir or Path("results") / args.study,
+        output_dir=args.output_dir or Path("runs") / args.study,
         identity=WorkerIdentity.detect(args.worker_id),
         partial=args.partial,
         again=args.again,

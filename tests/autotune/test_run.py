@@ -92,3 +92,21 @@ def test_windows_longer_than_the_trace_are_refused(tmp_path: Path, capsys) -> No
 def test_durations_read_and_print_like_people_write_them() -> None:
     assert parse_duration("30m") == 1800 and parse_duration("1.5h") == 5400 and parse_duration("90") == 90
     assert format_duration(75.2) == "1m15s" and format_duration(3725) == "1h02m"
+
+
+@pytest.mark.parametrize("study", ["h200-prod", "cpu-2026-12-01", "my-study"])
+def test_a_user_s_run_writes_to_an_ignored_folder_by_default(study: str) -> None:
+    """Whatever the study is called, its default folder is one git ignores: a user's run (or
+    ours) never ends up tracked by accident."""
+    import argparse
+
+    from autotune.run_cli import register, run_request
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["run", "--workload", SAMPLE, "--study-name", study])
+    output_dir = run_request(args).output_dir
+    assert output_dir == Path("runs") / study
+    for name in ("best.yaml", "report.md", "study.db", "trials/trial-0000/server.log"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(output_dir / name)], cwd=ROOT)
+        assert ignored.returncode == 0, output_dir / name
