@@ -23,7 +23,7 @@ from autotune.progress import say
 from autotune.redact import redact
 from autotune.search.numerics import check_supported, numerics_params
 from autotune.search.objective import MEMORY_KNOB, Objective, default_slos, parse_objective
-from autotune.search.relations import parse_relation
+from autotune.search.relations import BUILTIN_RELATIONS, parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
 from autotune.search.study_store import (
     CHOICES_ATTR,
@@ -35,8 +35,12 @@ from autotune.search.study_store import (
 from server.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MODEL_DIR,
+    ConfigError,
+    EngineSettingsRefused,
     ServerConfig,
     default_engine_settings,
+    refused_by_vllm,
+    vllm_reason,
 )
 from server.vllm_facts import FactsCache
 from workloads.profile import format_profile, profile_trace
@@ -61,18 +65,18 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         served, fit = preflight.fit_context(trace, early[0], source=early[1],
                                             policy=request.over_context, model_limit=early[2])
     baseline, baseline_source = load_baseline(request)
+    # Checked as a searched config is, before anything else asks vLLM about it.
+    effective = check_deployable(baseline, baseline_source)
     accelerator = detect_accelerator()
     check_supported(request.allow, accelerator)  # --allow fp8 on a CPU or an older GPU: refused now
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
     needs = preflight.requirements(slos, objective)
-    effective: dict[str, Any] | None = None
     if fit is None:
         context = baseline.engine.get("max_model_len")  # here only a --baseline file sets it
         context_source = f"max_model_len={context} from {request.baseline}"
         if context is None:  # the model's own: what vLLM derives from its config
-            effective = resolve_defaults(baseline)
             context = effective.get("max_model_len")
             context_source = f"max_model_len={context}, vLLM's default for this model"
         if context is not None:
@@ -100,7 +104,6 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     known = FactsCache().engine_arg_names()
     wide = objective.kind == "min-memory"  # memory from 0.05 up: the knob being minimised
     # The built-in ranges contain what the baseline resolves to (1024 sequences on an H200).
-    effective = effective if effective is not None else resolve_defaults(baseline)
     resolved = baseline.searchable_values(effective)
     if request.space is not None:
         space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide,
@@ -114,10 +117,11 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
             f"--objective min-memory searches {MEMORY_KNOB}, but the space ({space.source}) does "
             f"not vary it; add it under 'params:' or drop '{MEMORY_KNOB}: null'"
         )
-    comparisons = {
-        f"compare-{path.stem}": apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
-        for path in request.compare
-    }
+    comparisons = {}
+    for path in request.compare:
+        comparison = apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
+        check_deployable(comparison, str(path))
+        comparisons[f"compare-{path.stem}"] = comparison
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))
     check_searched_serving(space, request.trial_server, baseline, baseline_source)
     profile = profile_trace(trace)
@@ -357,9 +361,26 @@ def has_tokenizer(model_dir: Path) -> bool:
     return any((model_dir / name).exists() for name in names)
 
 
-def resolve_defaults(baseline: ServerConfig) -> dict[str, Any]:
+def check_deployable(config: ServerConfig, where: str) -> dict[str, Any]:
+    """`config`'s vLLM defaults resolved (`resolve_defaults`), once it passed the checks a
+    searched config gets before any server starts: vLLM's own (EngineSettingsRefused: `where`,
+    the settings, vLLM's whole reason) and the built-in relations (ConfigError naming the relation
+    and the values that break it). For the baseline and every --compare file."""
+    effective = resolve_defaults(config, where)
+    values = config.searchable_values(effective)
+    for relation in (parse_relation(text) for text in BUILTIN_RELATIONS):
+        if relation.check(values) is False:
+            shown = ", ".join(f"{name}={values.get(name)!r}" for name in sorted(relation.names()))
+            raise ConfigError(where, None, None, f"breaks {relation.text} ({shown}); vLLM "
+                              "refuses such a config: change one of these settings")
+    return effective
+
+
+def resolve_defaults(baseline: ServerConfig, where: str) -> dict[str, Any]:
     """What vLLM will actually use for the baseline (defaults resolved), or {} if it cannot
-    tell without starting an engine; reported as "which defaults the baseline used"."""
+    tell without starting an engine (the install or the host: a note); reported as "which
+    defaults the baseline used". EngineSettingsRefused (naming `where`) when vLLM refuses the
+    values themselves."""
     def ask_vllm() -> dict[str, Any]:
         try:
             # The server owns the usage context it builds the engine with; ask it, not guess.
@@ -368,7 +389,10 @@ def resolve_defaults(baseline: ServerConfig) -> dict[str, Any]:
 
             settings = effective_settings(resolve_engine_config(baseline))
         except Exception as error:  # noqa: BLE001 - an unresolvable default only costs a report line
-            print(f"autotune: note: could not resolve vLLM's defaults ({error}); continuing", file=sys.stderr)
+            if refused_by_vllm(error):
+                raise EngineSettingsRefused(where, baseline.engine_settings(), error) from None
+            print(f"autotune: note: could not resolve vLLM's defaults ({vllm_reason(error)}); "
+                  "continuing", file=sys.stderr)
             return {}
         keep = ("usage_context", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                 "max_model_len", "block_size", "enforce_eager")

@@ -15,7 +15,13 @@ import os
 import socket
 import sys
 
-from server.config import ConfigError, ServerConfig, ServingSettings, validated
+from server.config import (
+    ConfigError,
+    EngineSettingsRefused,
+    ServerConfig,
+    ServingSettings,
+    validated,
+)
 from server.lifeline import watch_parent_from_env
 from server.logs import configure_logging
 
@@ -149,11 +155,9 @@ def serve(args: argparse.Namespace, config: ServerConfig, listener: socket.socke
     try:
         vllm_config = resolve_engine_config(config)
     except Exception as error:  # vLLM raises ValueError, TypeError, pydantic errors ...
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        where = args.config or "<default config>"
-        print(
-            f"{PROG}: error: {where}: vLLM rejected the engine settings: {first}", file=sys.stderr
-        )
+        # vLLM's whole reason, on one line (a tuner reads the last lines of this log).
+        refused = EngineSettingsRefused(args.config or "<default config>", config.engine, error)
+        print(f"{PROG}: error: {refused}", file=sys.stderr)
         return 2
 
     choose_engine_core_start(config, vllm_config)  # where vLLM reads it when the engine starts

@@ -27,6 +27,7 @@ import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,48 @@ class ConfigError(VllmAutotuneError, ValueError):
         else:
             message = f"{where}: key '{key}' = {value!r}: {reason}"
         super().__init__(message)
+
+
+class EngineSettingsRefused(ConfigError):
+    """vLLM refused a config's engine settings while building its engine config (no engine
+    started). `str()` is `"{path}: vLLM rejected the engine settings (k=v, ...): {reason}"`:
+    the settings the reason names, and vLLM's whole reason on one line (`vllm_reason`)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], settings: Mapping[str, Any], error: BaseException
+    ) -> None:
+        self.vllm_reason = vllm_reason(error)
+        self.settings = {k: v for k, v in settings.items()
+                         if re.search(rf"\b{re.escape(k)}\b", self.vllm_reason)}
+        named = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
+        super().__init__(
+            path, None, None,
+            f"vLLM rejected the engine settings{f' ({named})' if named else ''}: {self.vllm_reason}",
+        )
+
+
+def vllm_reason(error: BaseException) -> str:
+    """vLLM's whole message for a refused setting, on one line. A pydantic error (vLLM's configs
+    are pydantic dataclasses) keeps its header and every error's message, not its input echo or
+    link: "1 validation error for SchedulerConfig: max_num_batched_tokens (256) must be greater
+    than or equal to max_num_seqs (512)."; anything else is its text with the lines joined."""
+    if isinstance(error, ValidationError):
+        header = str(error).strip().splitlines()[0]
+        reasons = [item["msg"].removeprefix("Value error, ") for item in error.errors()]
+        return f"{header}: {'; '.join(' '.join(r.split()) for r in reasons)}"
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def refused_by_vllm(error: BaseException) -> bool:
+    """Whether an error raised while vLLM built its engine config is about the values given (a
+    pydantic validation error, a ValueError or TypeError of vLLM's), not about the install or the
+    host: a missing module, an unreachable or missing download (huggingface_hub's and
+    transformers' errors are often ValueErrors too)."""
+    if isinstance(error, ImportError | OSError):
+        return False
+    if type(error).__module__.split(".")[0] in ("huggingface_hub", "transformers", "requests", "httpx"):
+        return False
+    return isinstance(error, ValueError | TypeError)
 
 
 class RecorderSettings(BaseModel):
