@@ -4,15 +4,19 @@ A config's capacity is the highest request rate at which every SLO holds. At one
 the SLO is a cliff (below capacity every config passes, above it every config fails), so the
 ladder looks for the cliff itself:
 
-1. Step: replay the first requests of the window (the same requests every step, their
-   recorded arrival pattern compressed by the step's speed-up; the window repeats itself
-   when a step needs more requests than it holds). A step holds at least `step_requests`
-   requests and lasts at least `min_step_s`, so its percentile rests on enough requests.
+1. Step: replay a stretch of the window at a speed-up: of the stretches of consecutive
+   requests (the window repeating itself when a step needs more than it holds), the one
+   whose rate, then burstiness and lengths, are closest to the window's, its recorded
+   arrival pattern compressed by the speed-up (`autotune.measure.step_load.step_trace`). A
+   step holds at least `step_requests` requests and lasts at least `min_step_s`; the plan
+   raises `step_requests` to what the SLOs' percentiles need (`requests_for_slos`).
 2. Search: geometric steps (x `growth`, the factor squared after each further step in the
    same direction but never past x2) from the start speed-up until a step fails (or down
    until one passes), then bisection (geometric mean) until the failing and passing
-   speed-ups are within `resolution` of each other. Capacity = the passing step's offered
-   rate (speed-up x the window's recorded rate). Like `vllm bench sweep serve_sla`'s
+   speed-ups are within `resolution` of each other. Capacity = the offered rate of the
+   highest passing step as its client sent it (requests over the span of their send times),
+   never speed-up x a rate the step did not replay; the first failing step's offered rate
+   above it is the other end of the bracket. Like `vllm bench sweep serve_sla`'s
    doubling-then-bisection and Etalon's capacity search, but inside one launch and on the
    recorded arrivals rather than Poisson.
 3. A step ends as soon as its verdict is certain. Fail: more requests than the percentile
@@ -28,17 +32,22 @@ ladder looks for the cliff itself:
    serve`, which has no cache-reset route unless started in dev mode.
 
 A step that kills the server ends the ladder with the capacity found so far; the trial
-records the failure and keeps every step measured before it.
+records the failure and keeps every step measured before it. A ladder that fails all the
+way down to a step the server idled through (`step_is_idle`) stops there: no load meets the
+SLOs (`CapacityResult.infeasible` says which and with what figure).
 
 5. A step whose client fell behind its schedule (send-lag p99 over
    `ReplayOptions.send_lag_limit_ms`, or less than 90% of its rate sent) is not scored: it
    proves nothing about the server at that rate. It is run once more; a second lagging run
    ends the ladder with the capacity found so far, marked as a lower bound ("client_lag").
+   Likewise a step whose counts do not reconcile (`workloads.reconcile`: records lost,
+   answers of the wrong length): "reconciliation".
    A failed step still counts when the server's own queue held requests during it: the
    server was past its capacity whatever the client did.
 
-One module because the steps, their early verdicts and the search over speed-ups read the
-same settings, window and steps so far; most of it is `LoadLadder`, which runs one ladder.
+Over 400 lines in one module because the steps, their early verdicts and the search over
+speed-ups read the same settings, window and steps so far; most of it is `LoadLadder`, which
+runs one ladder. What a step sends and offered is `autotune.measure.step_load`.
 """
 
 from __future__ import annotations
@@ -62,13 +71,25 @@ from autotune.measure.scraper import (
     server_metrics,
 )
 from autotune.measure.settle import ServerSettler
+from autotune.measure.step_load import (
+    IDLE_BUSY_SHARE,
+    UNSCORED_RETRIES,
+    busy_share,
+    client_fell_behind,
+    due_by_last_send,
+    offered_as_sent,
+    offered_rate,
+    recorded_rate,
+    requests_for_percentile,
+    requests_for_slos,
+    step_trace,
+)
 from workloads.prompts import PromptFactory
 from workloads.reconcile import Reconciliation, reconcile
 from workloads.replay import ProgressCallback, ReplayMode, ReplayOptions, replay
 from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary
-from workloads.slo import SLO, allowed_misses, min_samples, request_value_ms, slo_met
+from workloads.slo import SLO, allowed_misses, request_value_ms, slo_met
 from workloads.trace import Trace
-from workloads.windows import feature_distance, stretch_features
 
 logger = logging.getLogger(__name__)
 
@@ -234,187 +255,9 @@ class CapacityResult(BaseModel):
         )
 
 
-def requests_for_percentile(percentile: float) -> int:
-    """Requests a step needs before its `percentile` verdict rests on enough of them: the
-    rule pre-flight applies to a window (`workloads.slo.min_samples`, about ten requests
-    above the percentile: p50 20, p95 200, p99 1000). A p95 judged on 60 requests would rest
-    on its 3rd-worst request."""
-    return min_samples(percentile)
-
-
-def requests_for_slos(slos: Sequence[SLO]) -> int:
-    """The most requests any per-request SLO's percentile needs (`requests_for_percentile`).
-    ITL counts tokens, not requests: a step has many more gaps than requests."""
-    return max((requests_for_percentile(slo.percentile) for slo in slos
-                if slo.metric in PER_REQUEST_METRICS), default=0)
-
-
-# Candidate starts `step_trace` compares: enough to find a representative stretch of a window
-# of thousands of requests, cheap enough to run before every step.
-_MAX_STRETCH_STARTS = 200
-
-
-def step_trace(window: Trace, speedup: float, settings: LadderSettings) -> Trace:
-    """The step's requests: the stretch of the window most like the whole window, its
-    arrival times divided by `speedup`.
-
-    The window is taken as cyclic (repeated end to end, one mean gap at the seam so the seam
-    keeps the rate). The step holds `settings.step_requests` requests and covers
-    `settings.min_step_s` at its rate. Of the stretches of that many consecutive requests,
-    it replays the one whose rate, burstiness and length percentiles are closest to the
-    window's (`workloads.windows.feature_distance`, as `select_windows` chooses windows;
-    ties go to the earliest start). The first N requests of a bursty window can be far
-    quieter or busier than the window: a step replaying them would offer another rate than
-    speed-up x the recorded rate. The ladder credits what was sent in any case
-    (`LadderStep.offered_rps`); this keeps what is sent like the traffic it stands for.
-    """
-    if len(window) == 0:
-        raise AutotuneError("the ladder's window has no requests")
-    base = window.rebased()
-    n = len(base)
-    period_ms = max(base.duration_s() * 1000.0, 1.0)
-    if n > 1:
-        period_ms += period_ms / (n - 1)
-    span_ms = settings.min_step_s * 1000.0 * speedup  # recorded ms the step must cover
-    # Requests that cover the minimum span at the window's mean rate.
-    covering = int(math.ceil(span_ms * n / period_ms)) + 1
-    need = max(settings.step_requests, covering)
-    copies = max(int(math.ceil((need + n) / n)), int(math.ceil(span_ms / period_ms)) + 2)
-    stretched = base.repeated(copies, period_ms)
-    start = _representative_start(stretched, n, need, base)
-    stamps = stretched.timestamps_ms
-    # Cover the whole minimum span from the chosen start, whatever its local rate.
-    end = max(start + need, int(np.searchsorted(stamps, stamps[start] + span_ms, side="left")) + 1)
-    end = min(end, len(stretched))
-    picked = stretched.subset(np.arange(start, end))
-    times = (picked.timestamps_ms - picked.timestamps_ms[0]) / speedup
-    return picked.replace(timestamps_ms=times, source=f"{window.source} x{speedup:.3g}")
-
-
-def _representative_start(stretched: Trace, n: int, need: int, window: Trace) -> int:
-    """The start (within the first copy of the window) of the `need`-request stretch most like
-    the window: of the stretches whose rate is within STRETCH_RATE_TOLERANCE of the window's
-    (or, when none is, those nearest it), the one whose features are closest overall."""
-    if n < 3 or need >= len(stretched):
-        return 0
-    whole = stretch_features(window.timestamps_ms, window.input_lengths, window.output_lengths)
-    starts = np.unique(np.linspace(0, n - 1, num=min(n, _MAX_STRETCH_STARTS)).astype(np.int64))
-    scored = []
-    for start in starts.tolist():
-        end = start + need
-        features = stretch_features(stretched.timestamps_ms[start:end],
-                                    stretched.input_lengths[start:end],
-                                    stretched.output_lengths[start:end])
-        rate_off = abs(features.rate_rps - whole.rate_rps) / max(whole.rate_rps, 1e-9)
-        scored.append((start, rate_off, feature_distance(features, whole)))
-    # The rate first: the step is to offer speed-up x the recorded rate.
-    allowed = max(STRETCH_RATE_TOLERANCE, min(off for _, off, _ in scored) + 0.05)
-    best, best_distance = 0, math.inf
-    for start, rate_off, distance in scored:
-        if rate_off <= allowed and distance < best_distance - 1e-9:
-            best, best_distance = start, distance
-    return best
-
-
-# A step's stretch offers within this share of the window's own rate where one does.
-STRETCH_RATE_TOLERANCE = 0.1
-
-
-# A run is scored only if the client really offered at least this share of its rate.
-MIN_SENT_SHARE = 0.9
-# A lagging step is run again this many times before the ladder ends at the client's limit.
-UNSCORED_RETRIES = 1
-
-
-def sent_rate(result: ReplayResult) -> float:
-    """Requests per second the client actually sent (by the send times it recorded)."""
-    sent = sorted(r.sent_s for r in result.records)
-    if len(sent) < 2 or sent[-1] <= sent[0]:
-        return float("inf")
-    return (len(sent) - 1) / (sent[-1] - sent[0])
-
-
-def due_by_last_send(trace: Trace, result: ReplayResult) -> Trace:
-    """The step's requests that were due by the last one the client sent. A step stopped early
-    (certain to pass or fail) never sends the rest, and the stretch it did send may be quieter
-    than the whole step: its client is judged against what was due, not the step's mean rate."""
-    if not result.records:
-        return trace
-    last_ms = 1000.0 * max(r.scheduled_s for r in result.records)
-    due = int(np.searchsorted(trace.timestamps_ms, last_ms + 1e-6, side="right"))
-    return trace.subset(np.arange(max(due, 1)))
-
-
-def client_fell_behind(result: ReplayResult, nominal_rps: float, limit_ms: float) -> str | None:
-    """Why the client, not only the server, shaped this run (None: it kept its schedule):
-    its send-lag p99 over `limit_ms`, or less than MIN_SENT_SHARE of `nominal_rps` sent."""
-    summary = result.summary
-    lag = summary.send_lag_p99_ms
-    if lag is not None and lag > limit_ms:
-        return (f"the replayer's send-lag p99 was {lag:.0f} ms (limit {limit_ms:.0f} ms, "
-                f"{summary.client_processes} process{'es' if summary.client_processes > 1 else ''})")
-    sent = sent_rate(result)
-    if sent < MIN_SENT_SHARE * nominal_rps:
-        return (f"the client sent {sent:.3g} of the {nominal_rps:.3g} req/s asked "
-                f"(send-lag p99 {lag or 0:.0f} ms)")
-    return None
-
-
-def offered_as_sent(trace: Trace, result: ReplayResult) -> float:
-    """The rate a step offered, from what its client sent: requests over the span of their
-    send times. With fewer than two sends (or all at one instant): the scheduled rate of the
-    requests due by then."""
-    rate = sent_rate(result)
-    return rate if math.isfinite(rate) else offered_rate(due_by_last_send(trace, result))
-
-
-# Below this share of a step's span with a request in flight, the server was mostly idle:
-# a miss there is what single requests take, not load.
-IDLE_BUSY_SHARE = 0.5
-
-
-def busy_share(result: ReplayResult) -> float | None:
-    """Share of the run's span (first send to last answer) with at least one request in
-    flight; None without records. A request that failed or was cancelled counts as in flight
-    until the run ended (its end is unknown)."""
-    if not result.records:
-        return None
-    start = min(r.sent_s for r in result.records)
-    run_end = max(start + result.summary.duration, max(r.sent_s for r in result.records))
-    spans = sorted(
-        (r.sent_s, r.sent_s + r.e2e_ms / 1000.0 if r.e2e_ms is not None else run_end)
-        for r in result.records
-    )
-    end = max(stop for _, stop in spans)
-    if end <= start:
-        return 1.0
-    busy, open_start, open_end = 0.0, spans[0][0], spans[0][1]
-    for lo, hi in spans[1:]:
-        if lo > open_end:
-            busy += open_end - open_start
-            open_start, open_end = lo, hi
-        else:
-            open_end = max(open_end, hi)
-    busy += open_end - open_start
-    return min(busy / (end - start), 1.0)
-
-
 def step_is_idle(step: LadderStep) -> bool:
     """The server was mostly idle during the step (`IDLE_BUSY_SHARE`)."""
     return step.busy_share is not None and step.busy_share < IDLE_BUSY_SHARE
-
-
-def recorded_rate(window: Trace) -> float:
-    """The window's own request rate (req/s), the 1x of the ladder."""
-    return offered_rate(window.rebased()) if len(window) > 1 else 0.0
-
-
-def offered_rate(trace: Trace) -> float:
-    span = trace.duration_s()
-    if span <= 0:
-        return float("inf")
-    # n arrivals over their span: n - 1 gaps.
-    return (len(trace) - 1) / span
 
 
 class ReplayFunction(Protocol):

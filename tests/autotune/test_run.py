@@ -99,8 +99,12 @@ def test_a_user_s_run_writes_to_an_ignored_folder_by_default(study: str) -> None
     """Whatever the study is called, its default folder is one git ignores: a user's run (or
     ours) never ends up tracked by accident."""
     import argparse
+    import shutil
 
     from autotune.run_cli import register, run_request
+
+    git = shutil.which("git")
+    assert git is not None, "git is needed to ask what the repository ignores"
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -108,5 +112,5 @@ def test_a_user_s_run_writes_to_an_ignored_folder_by_default(study: str) -> None
     output_dir = run_request(args).output_dir
     assert output_dir == Path("runs") / study
     for name in ("best.yaml", "report.md", "study.db", "trials/trial-0000/server.log"):
-        ignored = subprocess.run(["git", "check-ignore", "-q", str(output_dir / name)], cwd=ROOT)
+        ignored = subprocess.run([git, "check-ignore", "-q", str(output_dir / name)], cwd=ROOT)
         assert ignored.returncode == 0, output_dir / name
