@@ -50,6 +50,7 @@ def steps(quick: bool) -> list[Step]:
         Step("ladder_search", ("benchmarks/ladder_search.py",), engine=False),  # under a second
         Step("trial_overhead", ("benchmarks/trial_overhead.py", *q), engine=True),
         Step("capacity_repeats", ("benchmarks/capacity_repeats.py", *q), engine=True),
+        Step("capacity_fidelity", ("benchmarks/capacity_fidelity.py", *q), engine=True),
     ]
 
 
