@@ -84,3 +84,34 @@ def test_every_room_is_a_package_and_no_module_is_left_at_an_old_path() -> None:
         for path in (AUTOTUNE / room).glob("*.py")
     }
     assert not (top & (moved - {"__init__"}))
+
+
+ROOT = AUTOTUNE.parent
+PACKAGES = ("autotune", "server", "workloads")
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at the top, in functions, or for typing
+    only: a circle for the type checker is a circle of design too)."""
+    modules = {_module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for me, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                if target in modules and target != me and not me.startswith(target + "."):
+                    edges.setdefault(me, set()).add(target)
+    return edges
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    circle = _circle(_module_edges())
+    assert circle is None, "import circle: " + " -> ".join(circle or [])

@@ -56,8 +56,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -74,6 +73,7 @@ from autotune.measure.settle import ServerSettler
 from autotune.measure.step_load import (
     IDLE_BUSY_SHARE,
     UNSCORED_RETRIES,
+    ReplayFunction,
     busy_share,
     client_fell_behind,
     due_by_last_send,
@@ -86,7 +86,7 @@ from autotune.measure.step_load import (
 )
 from workloads.prompts import PromptFactory
 from workloads.reconcile import Reconciliation, reconcile
-from workloads.replay import ProgressCallback, ReplayMode, ReplayOptions, replay
+from workloads.replay import ReplayMode, ReplayOptions, replay
 from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, ReplaySummary
 from workloads.slo import SLO, allowed_misses, request_value_ms, slo_met
 from workloads.trace import Trace
@@ -258,33 +258,6 @@ class CapacityResult(BaseModel):
 def step_is_idle(step: LadderStep) -> bool:
     """The server was mostly idle during the step (`IDLE_BUSY_SHARE`)."""
     return step.busy_share is not None and step.busy_share < IDLE_BUSY_SHARE
-
-
-class ReplayFunction(Protocol):
-    """What `LoadLadder` calls to run one step (`workloads.replay.replay` by default):
-
-        result = await replay_fn(trace, url, options, on_progress=callback)
-
-    - `trace`: the step's requests (`step_trace`: the window's first requests, repeated as
-      needed, their arrival times already divided by the step's speed-up).
-    - `url`: the server's base URL (`http://HOST:PORT`); requests go to `{url}/v1/completions`.
-    - `options`: a `workloads.replay.ReplayOptions`: timed mode at speed-up 1 (send request i
-      at its timestamp after the start), the ladder's SLOs and per-request timeout, benchmark
-      mode on (exact output lengths), no duration cut, and a `PromptFactory` seeded per step
-      (fresh prompt tokens every step). Honour all of them as `replay` does.
-    - `on_progress(elapsed_s, summary_so_far)`: call it about once a second with the run's
-      `ReplaySummary` so far (`Tally.summary(elapsed, planned=..., late=...)`: the ladder's
-      early verdicts read `completed`, `failed` and `slo_violations`, which must count the
-      requests still in flight that already miss a TTFT / E2E threshold, `ReplayRun.late_counts`).
-      It may block: call it off the event loop. When it returns True, stop sending, cancel what
-      is in flight (records with `cancelled=True`) and return with `summary.stopped_early=True`.
-    - returns a `ReplayResult` whose `records` hold every request sent (index = the
-      request's index in `trace`) and whose `summary` covers the run.
-    Errors of single requests are records, not exceptions; an exception ends the trial.
-    """
-
-    def __call__(self, trace: Trace, url: str, options: ReplayOptions, *,
-                 on_progress: ProgressCallback | None = None) -> Awaitable[ReplayResult]: ...
 
 
 class LoadLadder:

@@ -37,7 +37,7 @@ from workloads.replay import ReplayMode, ReplayOptions
 from workloads.trace import Trace, TraceRequest
 
 if TYPE_CHECKING:
-    from autotune.measure.ladder import ReplayFunction
+    from autotune.measure.step_load import ReplayFunction
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,13 @@ ladder re-exports these names.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from autotune.errors import AutotuneError
+from workloads.replay import ProgressCallback, ReplayOptions
 from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult
 from workloads.slo import SLO, min_samples
 from workloads.trace import Trace
@@ -204,3 +205,30 @@ def offered_rate(trace: Trace) -> float:
         return float("inf")
     # n arrivals over their span: n - 1 gaps.
     return (len(trace) - 1) / span
+
+
+class ReplayFunction(Protocol):
+    """What `LoadLadder` calls to run one step (`workloads.replay.replay` by default):
+
+        result = await replay_fn(trace, url, options, on_progress=callback)
+
+    - `trace`: the step's requests (`step_trace`: a representative stretch of the window,
+      repeated as needed, its arrival times already divided by the step's speed-up).
+    - `url`: the server's base URL (`http://HOST:PORT`); requests go to `{url}/v1/completions`.
+    - `options`: a `workloads.replay.ReplayOptions`: timed mode at speed-up 1 (send request i
+      at its timestamp after the start), the ladder's SLOs and per-request timeout, benchmark
+      mode on (exact output lengths), no duration cut, and a `PromptFactory` seeded per step
+      (fresh prompt tokens every step). Honour all of them as `replay` does.
+    - `on_progress(elapsed_s, summary_so_far)`: call it about once a second with the run's
+      `ReplaySummary` so far (`Tally.summary(elapsed, planned=..., late=...)`: the ladder's
+      early verdicts read `completed`, `failed` and `slo_violations`, which must count the
+      requests still in flight that already miss a TTFT / E2E threshold, `ReplayRun.late_counts`).
+      It may block: call it off the event loop. When it returns True, stop sending, cancel what
+      is in flight (records with `cancelled=True`) and return with `summary.stopped_early=True`.
+    - returns a `ReplayResult` whose `records` hold every request sent (index = the
+      request's index in `trace`) and whose `summary` covers the run.
+    Errors of single requests are records, not exceptions; an exception ends the trial.
+    """
+
+    def __call__(self, trace: Trace, url: str, options: ReplayOptions, *,
+                 on_progress: ProgressCallback | None = None) -> Awaitable[ReplayResult]: ...
