@@ -38,6 +38,7 @@ from server.config import (
     ConfigError,
     EngineSettingsRefused,
     ServerConfig,
+    check_model_available,
     default_engine_settings,
     refused_by_vllm,
     vllm_reason,
@@ -65,18 +66,18 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         served, fit = preflight.fit_context(trace, early[0], source=early[1],
                                             policy=request.over_context, model_limit=early[2])
     baseline, baseline_source = load_baseline(request)
-    # Checked as a searched config is, before anything else asks vLLM about it.
-    effective = check_deployable(baseline, baseline_source)
     accelerator = detect_accelerator()
     check_supported(request.allow, accelerator)  # --allow fp8 on a CPU or an older GPU: refused now
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
     needs = preflight.requirements(slos, objective)
+    effective: dict[str, Any] | None = None  # vLLM asked once (seconds), where first needed
     if fit is None:
         context = baseline.engine.get("max_model_len")  # here only a --baseline file sets it
         context_source = f"max_model_len={context} from {request.baseline}"
         if context is None:  # the model's own: what vLLM derives from its config
+            effective = check_deployable(baseline, baseline_source)
             context = effective.get("max_model_len")
             context_source = f"max_model_len={context}, vLLM's default for this model"
         if context is not None:
@@ -104,6 +105,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     known = FactsCache().engine_arg_names()
     wide = objective.kind == "min-memory"  # memory from 0.05 up: the knob being minimised
     # The built-in ranges contain what the baseline resolves to (1024 sequences on an H200).
+    # Checked as a searched config is (vLLM's checks, the relations) before any server starts.
+    effective = effective if effective is not None else check_deployable(baseline, baseline_source)
     resolved = baseline.searchable_values(effective)
     if request.space is not None:
         space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide,
@@ -332,11 +335,11 @@ def load_baseline(request: TuningRequest) -> tuple[ServerConfig, str]:
 
 def with_default_model(config: ServerConfig, request: TuningRequest) -> ServerConfig:
     """A config file that names no model serves the run's model: --model, else the embedded
-    one with its own settings (what `autotune run` serves without --model), never vLLM's
-    built-in default model, which would be downloaded."""
-    if "model" in config.engine or request.model is not None:
+    one with its own settings (server.config.NO_MODEL_RULE, as `python -m server --config`
+    reads the file), never vLLM's built-in default model, which would be downloaded."""
+    if request.model is not None:
         return config
-    return config.model_copy(update={"engine": {**default_engine_settings(), **config.engine}})
+    return config.with_default_model()
 
 
 def apply_model_flags(config: ServerConfig, request: TuningRequest) -> ServerConfig:
@@ -366,6 +369,7 @@ def check_deployable(config: ServerConfig, where: str) -> dict[str, Any]:
     searched config gets before any server starts: vLLM's own (EngineSettingsRefused: `where`,
     the settings, vLLM's whole reason) and the built-in relations (ConfigError naming the relation
     and the values that break it). For the baseline and every --compare file."""
+    check_model_available(str(config.engine.get("model")), where)
     effective = resolve_defaults(config, where)
     values = config.searchable_values(effective)
     for relation in (parse_relation(text) for text in BUILTIN_RELATIONS):

@@ -22,6 +22,7 @@ from autotune.plan import (
 )
 from autotune.progress import parse_duration, say
 from autotune.search.numerics import ALLOW_CHOICES
+from server.config import NO_MODEL_RULE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,10 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "(default: vLLM's auto; dummy for the embedded model)")
     add("--max-model-len", type=int, default=None, metavar="TOKENS", help="vLLM max_model_len (default: the model's; 2048 for the embedded model)")
     add("--baseline", type=Path, default=None, metavar="FILE.yaml",
-        help="the config you run today (a server/vllm serve config); default: vLLM's defaults")
+        help="the config you run today (a server/vllm serve config; without --model, "
+             f"{NO_MODEL_RULE}); default: vLLM's defaults")
     add("--compare", type=Path, action="append", default=None, metavar="FILE.yaml",
         help="another config to measure beside the baseline and the top K on the held-out "
-             "window (repeatable; e.g. your hand-tuned config); reported, never exported")
+             "window (repeatable; e.g. your hand-tuned config; no model: as --baseline); "
+             "reported, never exported")
     add("--space", type=Path, default=None, metavar="FILE.yaml",
         help="widen/narrow/add searched engine arguments and relations (see autotune/search/space.py)")
     add("--allow", action="append", choices=ALLOW_CHOICES, default=None, metavar="fp8",

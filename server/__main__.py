@@ -16,10 +16,12 @@ import socket
 import sys
 
 from server.config import (
+    NO_MODEL_RULE,
     ConfigError,
     EngineSettingsRefused,
     ServerConfig,
     ServingSettings,
+    check_model_available,
     validated,
 )
 from server.lifeline import watch_parent_from_env
@@ -30,7 +32,9 @@ PROG = "server"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML config (the file `autotune` exports)")
+    parser.add_argument(
+        "--config", help=f"YAML config (the file `autotune` exports; {NO_MODEL_RULE})"
+    )
     parser.add_argument("--host", help="address to bind (default: the config's, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: the config's, 8000)")
     parser.add_argument(
@@ -49,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_config(args: argparse.Namespace) -> ServerConfig:
-    config = ServerConfig.load(args.config) if args.config else ServerConfig.default()
+    config = ServerConfig.load(args.config).with_default_model() if args.config else ServerConfig.default()
+    check_model_available(str(config.engine["model"]), args.config or "<default config>")
     overrides: dict = {}
     if args.host is not None:
         overrides["host"] = args.host

@@ -28,9 +28,11 @@ import json
 import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -64,6 +66,12 @@ DEFAULT_MAX_MODEL_LEN = 2048
 CPU_MEMORY_SHARE = 0.1
 CPU_MEMORY_FLOOR_GIB = 1.5
 PROGRAMMATIC = "<config>"  # the `path` of errors about a config built in code
+# The one rule for a config file without `model:`, wherever one is read (python -m server
+# --config, autotune run --baseline/--compare): said in each command's --help.
+NO_MODEL_RULE = (
+    "a config without 'model:' serves the embedded tiny model (server/models/tiny-multilingual, "
+    "random weights) with its settings under the file's, as python -m server without --config does"
+)
 
 
 class ConfigError(VllmAutotuneError, ValueError):
@@ -135,6 +143,39 @@ def refused_by_vllm(error: BaseException) -> bool:
     if type(error).__module__.split(".")[0] in ("huggingface_hub", "transformers", "requests", "httpx"):
         return False
     return isinstance(error, ValueError | TypeError)
+
+
+def check_model_available(model: str, path: str | os.PathLike[str]) -> None:
+    """ConfigError, in one line and at once, for a model vLLM could not load here: a folder
+    path that does not exist, or a Hugging Face model that is neither in the local cache nor
+    downloadable because the hub cannot be reached (an offline host, where the download would be
+    retried for ~30 s before vLLM fails). A hub that answers, a proxy (not probed) or ModelScope
+    is left to vLLM."""
+    if Path(model).expanduser().is_dir():
+        return
+    if model.startswith(("/", ".", "~")):
+        raise ConfigError(path, "model", model, "no such model folder")
+    if os.environ.get("VLLM_USE_MODELSCOPE", "").lower() in ("1", "true"):
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    fix = (f"give a local model folder, or download it where the hub is reachable "
+           f"(huggingface-cli download {model}) into {constants.HF_HUB_CACHE}")
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(path, "model", model, f"not in the Hugging Face cache and HF_HUB_OFFLINE "
+                          f"is set: {fix}")
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    endpoint = urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "", port), timeout=5).close()
+    except OSError as error:
+        raise ConfigError(path, "model", model, f"not in the Hugging Face cache, and "
+                          f"{constants.ENDPOINT} cannot be reached ({error.strerror or error}; an "
+                          f"offline host?): {fix}") from None
 
 
 class RecorderSettings(BaseModel):
@@ -322,6 +363,13 @@ class ServerConfig(BaseModel):
     def default(cls) -> ServerConfig:
         """The embedded tiny model on the CPU-friendly defaults."""
         return cls(engine=default_engine_settings())
+
+    def with_default_model(self) -> ServerConfig:
+        """This config, or without a `model` the embedded one with its settings under this
+        config's (NO_MODEL_RULE): never vLLM's own default model, which would be downloaded."""
+        if "model" in self.engine:
+            return self
+        return self.model_copy(update={"engine": {**default_engine_settings(), **self.engine}})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ServerConfig:
