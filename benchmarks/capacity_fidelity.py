@@ -32,18 +32,21 @@ own count of prompt and generated tokens (and its TTFT histogram) checks what ea
 says it sent and received.
 
 Reported per run and as medians: TTFT p95 and TPOT p95 (ms) of each client and their ratio
-(ours / theirs: per pair of adjacent runs, and of the medians), requests sent / completed,
-offered rate as sent (req/s: (n - 1) / span of the send times each client recorded), input and
-output tokens (client's count and the server's). Both clients: TPOT = (E2E - TTFT) / (output
-tokens - 1) per request, p95 = numpy's linear percentile over completed requests.
+(ours / theirs: per pair of runs, and of the medians), each p95 with its 90% bootstrap interval
+over the run's own requests, requests sent / completed, offered rate as sent (req/s: (n - 1) /
+span of the send times each client recorded), send-lag p99 (ms, against the schedule), input
+and output tokens (the client's count and the server's), CPU seconds of the client over its run
+and of the server. Both clients: TPOT = (E2E - TTFT) / (output tokens - 1) per request, p95 =
+numpy's linear percentile over completed requests.
 
     .venv/bin/python benchmarks/capacity_fidelity.py [--rate R] [--config FILE]
         [--trace FILE] [--runs 3] [--requests 120] [--max-run-s 30] [--together 2]
         [--arrivals recorded|poisson] [--keep DIR]
         [--tuning-window-s 30] [--holdout-window-s 20] [--quick] [--name capacity_fidelity]
 
-Results: results/benchmarks/{name}.{json,md} (quick: results/benchmarks/quick/). No
-per-request files are kept; vLLM's detailed result JSONs live in a temporary folder.
+Results: results/benchmarks/{name}.{json,md} (quick: results/benchmarks/quick/), no
+per-request files: both clients' per-request results, the datasets and the server log go to a
+temporary folder, or with `--keep DIR` to DIR.
 """
 
 from __future__ import annotations
@@ -705,7 +708,8 @@ class VllmRun:
         assert self._process is not None
         try:
             times = psutil.Process(self._process.pid).cpu_times()
-        except psutil.Error:
+        except psutil.Error as error:  # it exited already: its run's CPU is not known
+            logger.info("vllm bench serve's CPU times unreadable: %s", error)
             return None
         return times.user + times.system
 
