@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats
 
 from workloads.errors import WorkloadError
 from workloads.files import atomic_file
@@ -211,6 +210,10 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
     and the ranks are whole or half numbers, so both ways give exactly the same floats."""
     small = values.dtype.kind == "i" and len(values) > 0 and values.min() >= 0
     if not small or values.max() > _COUNTING_RANK_FACTOR * len(values):
+        # Imported here: scipy.stats takes ~0.6 s to import, and every `autotune` command
+        # (`--help` too) imports this module through the trace windows.
+        from scipy import stats
+
         return stats.rankdata(values)
     counts = np.bincount(values)
     last = np.cumsum(counts)  # the rank of the last of each value's ties
