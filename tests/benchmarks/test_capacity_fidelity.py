@@ -333,3 +333,17 @@ def test_a_vllm_process_that_never_starts_its_run_is_reported_with_its_last_line
                          tmp_path / "vllm.log")
     with pytest.raises(SystemExit, match=r"exited 1; last lines of (.|\n)*no tokenizer"):
         asyncio.run(vllm.start())
+
+
+def test_the_servers_own_counters_over_a_run_stand_beside_the_clients(bench: ModuleType) -> None:
+    from autotune.measure.scraper import parse_metrics
+
+    def scrape(prompt: float, generated: float, done: float) -> str:
+        return (f"vllm:prompt_tokens_total {prompt}\nvllm:generation_tokens_total {generated}\n"
+                f'vllm:request_success_total{{finished_reason="length"}} {done}\n')
+
+    before, after = parse_metrics(scrape(1000, 500, 10)), parse_metrics(scrape(8416, 8921, 130))
+    run = runs(bench, ours=[(400.0, 20.0)], theirs=[(500.0, 20.0)])[0]
+    seen = bench.with_server_view(run, before, after)
+    assert (seen.server_prompt_tokens, seen.server_generation_tokens, seen.server_requests) == (7416, 8421, 120)
+    assert seen.ttft_p95_ms == run.ttft_p95_ms and seen.server_ttft_p95_ms is None  # no histogram scraped
