@@ -192,7 +192,8 @@ class CapacityResult(BaseModel):
     capacity_rps: float
     capacity_speedup: float | None
     recorded_rps: float  # the window's own rate
-    first_fail_rps: float | None  # offered rate (as sent) of the lowest failing step above it
+    # The lowest failing step above it: the rate it was certain to fail at (`failing_rate`).
+    first_fail_rps: float | None
     first_fail_speedup: float | None = None
     bracketed: bool  # a pass and a fail within the resolution: the cliff was found
     steps: list[LadderStep]  # the scored steps: the capacity rests on these alone
@@ -253,6 +254,13 @@ class CapacityResult(BaseModel):
             f"capacity {self.capacity_rps:.3g} req/s (offered by the highest passing step"
             f"{bracket}) = {self.headroom:.2f}x the recorded {self.recorded_rps:.3g} req/s{edge}"
         )
+
+
+def failing_rate(step: LadderStep) -> float:
+    """The rate a failed step is known to fail at: its schedule's (the step was certain to
+    miss at that schedule, `LoadLadder._certain`), or what it sent where that was more. A step
+    abandoned early sent only its first requests, whose rate can be below a passing step's."""
+    return max(step.offered_rps, step.planned_rps or 0.0)
 
 
 def step_is_idle(step: LadderStep) -> bool:
@@ -390,7 +398,7 @@ class LoadLadder:
             capacity_rps=best.offered_rps if best else 0.0,
             capacity_speedup=best.speedup if best else None,
             recorded_rps=recorded,
-            first_fail_rps=first_fail.offered_rps if first_fail else None,
+            first_fail_rps=failing_rate(first_fail) if first_fail else None,
             first_fail_speedup=first_fail.speedup if first_fail else None,
             bracketed=bracketed,
             steps=list(self.steps),

@@ -288,3 +288,19 @@ def test_a_step_whose_counts_did_not_reconcile_is_named_in_the_trial_s_record() 
         "1 step not scored (last: its counts do not reconcile: received 1,494 of 5,908 requested "
         "output tokens (25%))")
     assert unscored_note(capacity.model_copy(update={"unscored": []})) is None
+
+
+def test_a_failing_step_abandoned_early_still_brackets_the_capacity_from_above() -> None:
+    """Abandoned after its first requests, a step sent at a lower rate than its schedule: the
+    bracket's upper end is the rate it was certain to fail at, never under the capacity."""
+    window = bursty_window()
+    ladder = modelled_ladder(window, LadderSettings(step_requests=60, min_step_s=1.0, max_steps=1), 100.0)
+    passed = ladder.steps[0]
+    abandoned = passed.model_copy(update={"index": 1, "speedup": 1.1, "passed": False, "abandoned": True,
+                                          "offered_rps": passed.offered_rps * 0.9,
+                                          "planned_rps": passed.offered_rps * 1.1})
+    ladder.steps.append(abandoned)
+    capacity = ladder.result(window)
+    assert capacity.capacity_rps == passed.offered_rps
+    assert capacity.first_fail_rps == pytest.approx(passed.offered_rps * 1.1)
+    assert capacity.first_fail_rps > capacity.capacity_rps
