@@ -120,6 +120,10 @@ class LadderSettings(BaseModel):
     max_step_factor: float = Field(2.0, gt=1)
     resolution: float = Field(0.1, gt=0)  # stop when fail / pass <= 1 + resolution
     min_speedup: float = Field(1 / 16, gt=0)  # below this the config carries nothing
+    # Set by `hinted`: the ladder descends no further than this share of the known capacity it
+    # started at. A config that fails there carries far less than the best one measured; how
+    # much less matters to no one, and its 200-request steps at a trickle of load took minutes.
+    hint_floor: float | None = None
     max_speedup: float = Field(256.0, gt=0)
     # 14: doubling from x1 brackets a capacity up to the x256 cap and bisects it to 10%.
     max_steps: int = Field(14, ge=1)
@@ -153,7 +157,14 @@ class LadderSettings(BaseModel):
         if speedup is None or not speedup > 0 or self.single_step:
             return self
         growth = min(self.growth, 1.0 + 2.5 * self.resolution)
-        return self.model_copy(update={"start_speedup": speedup, "growth": growth})
+        floor = speedup * HINT_FLOOR_SHARE
+        return self.model_copy(update={"start_speedup": speedup, "growth": growth,
+                                       "min_speedup": max(self.min_speedup, floor),
+                                       "hint_floor": floor if floor > self.min_speedup else None})
+
+
+# A hinted ladder (`LadderSettings.hinted`) descends to this share of the capacity it started at.
+HINT_FLOOR_SHARE = 1 / 16
 
 
 class LadderStep(BaseModel):
@@ -338,6 +349,12 @@ class LoadLadder:
                 return self.result(window, stopped_by="client_lag")
             retries = 0
             following = self.next_speedup()
+            floor = settings.hint_floor
+            if following is None and floor is not None and not any(s.passed for s in self.steps):
+                # Lower loads were not tried: this is a config far below the one measured best.
+                self.say(f"  fails even at {step.offered_rps:.3g} req/s, 1/{1 / HINT_FLOOR_SHARE:.0f} "
+                         f"of the capacity it started from: not measured lower")
+                return self.result(window, stopped_by="below_floor")
             if not any(s.passed for s in self.steps) and (following is None or step_is_idle(step)):
                 # Halving again would only add idle time: the SLO is out of reach at any load.
                 self.infeasible = self._infeasible(step)

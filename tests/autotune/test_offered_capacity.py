@@ -304,3 +304,29 @@ def test_a_failing_step_abandoned_early_still_brackets_the_capacity_from_above()
     assert capacity.capacity_rps == passed.offered_rps
     assert capacity.first_fail_rps == pytest.approx(passed.offered_rps * 1.1)
     assert capacity.first_fail_rps > capacity.capacity_rps
+
+
+@pytest.mark.slow
+def test_a_hinted_ladder_stops_at_a_sixteenth_of_its_start_without_calling_the_slo_infeasible(tmp_path: Path) -> None:
+    """A searched config started at the best capacity so far (x16 here) that fails all the way
+    down stops at 1/16 of it: lower loads are not tried, so nothing is said of them."""
+    from autotune.measure.trial import TrialRunner
+    from server.config import ServerConfig
+
+    behaviour = tmp_path / "behaviour.json"
+    behaviour.write_text(json.dumps({"slots": 1, "token_delay_s": 0.05}))  # ~4 req/s of 5 tokens
+    window = Trace.from_requests([TraceRequest(timestamp=i * 100.0, input_length=10, output_length=5)
+                                  for i in range(20)], source="10 req/s")
+    runner = TrialRunner(
+        server_command=[sys.executable, str(HERE / "fake_server.py"), "--behaviour", str(behaviour)],
+        startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
+        stale_registry=tmp_path / "servers.json",
+        replay=ReplayOptions(slos=[parse_slo("ttft_p50_ms=150")], max_send_lag_ms=60_000),
+        ladder=LadderSettings(step_requests=20, min_step_s=1.0, resolution=0.25, max_steps=12),
+    )
+    outcome = runner.run(ServerConfig(engine={"model": "fake"}), window, tmp_path / "trial", start_speedup=16.0)
+    capacity = outcome.capacity
+    assert capacity is not None and capacity.capacity_rps == 0
+    assert capacity.stopped_by == "below_floor" and capacity.infeasible is None
+    assert min(step.speedup for step in capacity.steps) == pytest.approx(1.0)
+    assert all(not step.passed for step in capacity.steps)
