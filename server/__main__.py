@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    if config.api_server:
+        print(f"{PROG}: note: {args.config}: not applied here, kept for `vllm serve`: "
+              f"{', '.join(config.api_server)}", file=sys.stderr)
     try:
         listener = bind(config.host, config.port)
     except OSError as error:  # the message keeps "[Errno 98] Address already in use"

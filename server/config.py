@@ -14,7 +14,9 @@ Layout (what `ServerConfig.write` produces and `ServerConfig.load` reads):
 
 vLLM's loader (`FlexibleArgumentParser.load_config_file`) turns every top-level key into
 `--key value`, so an unknown top-level key would break `vllm serve --config`: every key is
-checked here against `AsyncEngineArgs` before anything runs.
+checked here against `vllm serve`'s own parser (server.vllm_facts.serve_options) before anything
+runs. Its API-server options (log level, chat template, tool calls ...) are kept apart from the
+engine arguments (`ServerConfig.api_server`) and written back, as a deployed file has them.
 
 One module over ~400 lines because the file format has one owner: the engine-argument
 checks, the type messages and the negated flags all serve `ServerConfig.load`/`write`;
@@ -46,7 +48,13 @@ from pydantic import (
     model_validator,
 )
 
-from server.vllm_facts import EngineArgFacts, FactsCache, decode_annotation, vllm_annotation
+from server.vllm_facts import (
+    EngineArgFacts,
+    FactsCache,
+    ServeOption,
+    decode_annotation,
+    vllm_annotation,
+)
 from workloads.errors import VllmAutotuneError
 from workloads.files import write_text_atomic
 
@@ -279,7 +287,7 @@ def check_engine_settings(
                 path, key, value, f"'{OUR_SECTION}' is ServerConfig.serving/provenance", line=line
             )
         if name not in facts:
-            raise ConfigError(path, key, value, unknown_key_reason(key, set(facts)), line=line)
+            raise ConfigError(path, key, value, unknown_key_reason(key, value), line=line)
         if name in checked:
             raise ConfigError(
                 path, key, value, f"given twice (also as '{written_as[name]}')", line=line
@@ -292,11 +300,33 @@ def check_engine_settings(
     return checked
 
 
-def unknown_key_reason(key: str, names: set[str]) -> str:
-    spelled = kebab if "-" in key else (lambda name: name)
-    close = difflib.get_close_matches(snake(key), sorted(names), n=1, cutoff=0.6)
+def unknown_key_reason(key: str, value: Any) -> str:
+    """Why `key` is refused, with a "did you mean" only for a near spelling (a typo: 85% alike)
+    of an option of the same kind (a switch for true/false, else one that takes a value) that
+    does not mean the opposite (`enable-x` is no hint for `disable-x`)."""
+    flag = isinstance(value, bool)
+    names = sorted(name for name, option in FactsCache().serve_options().items()
+                   if option.flag == flag and option.dest not in ("config", "model_tag"))
+    close = [name for name in difflib.get_close_matches(kebab(key), names, n=3, cutoff=0.85)
+             if _negative(name) == _negative(kebab(key))]
+    spelled = snake if "_" in key else kebab
     hint = f"; did you mean '{spelled(close[0])}'?" if close else ""
-    return f"not a vLLM engine argument (AsyncEngineArgs field){hint}"
+    return f"not an option of `vllm serve` (an engine argument or an API-server setting of the installed vLLM){hint}"
+
+
+def _negative(name: str) -> bool:
+    """Whether an option's name turns something off (`no-`, `disable-`): two names alike but
+    for that mean opposite things (`enable-log-requests`, `disable-log-request`)."""
+    return name.startswith(("no-", "disable-"))
+
+
+def server_option(option: ServeOption | None) -> bool | None:
+    """Whether a `vllm serve` option is one of the API server's settings a config file may carry
+    (True), an engine argument (False), or none of those: no such option, or `config` itself,
+    or host, port and api-key, which ServerConfig holds as fields (None)."""
+    if option is None or option.dest in ("config", "model_tag", *SERVER_KEYS):
+        return None
+    return not option.engine
 
 
 def declared_type(name: str, facts: EngineArgFacts, value: Any) -> Any:
@@ -343,6 +373,11 @@ class ServerConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     api_key: str | None = None
+    api_server: dict[str, Any] = {}
+    """`vllm serve`'s other API-server settings (log level, served model name, chat template,
+    tool calls, SSL ...: the options of its parser that are no engine argument), kebab-case as
+    `vllm serve --config` takes them. Our server does not apply them; the file keeps them, so
+    best.yaml deploys with them under `vllm serve`."""
     serving: ServingSettings = Field(default_factory=ServingSettings)
     provenance: dict[str, Any] | None = None
 
@@ -406,15 +441,21 @@ class ServerConfig(BaseModel):
         """Builds a config from the file's top-level mapping (either key spelling)."""
         lines = lines or {}
         server: dict[str, Any] = {}
+        api_server: dict[str, Any] = {}
         engine: dict[str, Any] = {}
         ours: Any = {}
         ours_key = kebab(ADDITIONAL_CONFIG)
+        options = FactsCache().serve_options()
         for key, value in data.items():
             name = snake(key) if isinstance(key, str) else key
             if name in SERVER_KEYS:
                 if name in server:
                     raise ConfigError(path, key, value, "given twice", line=lines.get(key))
                 server[name] = value
+            elif isinstance(key, str) and server_option(options.get(kebab(key))):
+                if kebab(key) in api_server:
+                    raise ConfigError(path, key, value, "given twice", line=lines.get(key))
+                api_server[kebab(key)] = value
             elif name == ADDITIONAL_CONFIG:
                 if not isinstance(value, dict):
                     raise ConfigError(path, key, value, "expected a mapping", line=lines.get(key))
@@ -449,7 +490,8 @@ class ServerConfig(BaseModel):
             raise ConfigError(
                 path, f"{section}.provenance", provenance, "expected a mapping", line=line
             )
-        fields = {"engine": engine, "serving": serving, "provenance": provenance}
+        fields = {"engine": engine, "api_server": api_server, "serving": serving,
+                  "provenance": provenance}
         for name, value in server.items():
             fields[name] = value
         key_of = {snake(k): k for k in data if isinstance(k, str)}
@@ -481,6 +523,7 @@ class ServerConfig(BaseModel):
         data["port"] = self.port
         if self.api_key is not None:
             data["api-key"] = self.api_key
+        data.update(self.api_server)
         ours: dict[str, Any] = {"serving": self.serving.model_dump(mode="json")}
         if self.provenance is not None:
             ours["provenance"] = self.provenance
@@ -492,9 +535,10 @@ class ServerConfig(BaseModel):
     def vllm_serve_mapping(self) -> dict[str, Any]:
         """Engine arguments only, in `vllm serve --config` spelling: the file a tuner gives
         stock `vllm serve`, which takes host and port on its command line and has no use for
-        our section (other plugins' additional-config stays)."""
+        our section (other plugins' additional-config stays). The API-server settings stay out
+        too: a trial measures the engine, on the address and logging the tuner gives it."""
         data = self.to_mapping()
-        for name in SERVER_KEYS:
+        for name in [*SERVER_KEYS, *self.api_server]:
             data.pop(kebab(name), None)
         additional = dict(data.pop(kebab(ADDITIONAL_CONFIG)))
         additional.pop(OUR_SECTION, None)

