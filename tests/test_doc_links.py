@@ -1,5 +1,6 @@
 """Every relative link in README.md, CHANGELOG.md and docs/ names a file or folder of the
-repository (anchors are not checked; links inside code are not links)."""
+repository (anchors are not checked; links inside code are not links), and README.md stays a
+short page with the two commands on its first screen."""
 
 from __future__ import annotations
 
@@ -31,3 +32,11 @@ def _broken(page: Path) -> list[str]:
 def test_every_relative_link_in_the_docs_resolves() -> None:
     broken = [link for page in _pages() if page.exists() for link in _broken(page)]
     assert not broken, "links to nothing: " + "; ".join(broken)
+
+
+def test_the_readme_is_short_and_shows_the_two_commands_on_its_first_screen() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md is {len(lines)} lines: move detail to docs/ (at most 250)"
+    first_screen = lines[:40]
+    for command in ("make demo", "make test"):
+        assert any(line.startswith(command) for line in first_screen), f"`{command}` not in README.md's first 40 lines"
