@@ -72,7 +72,9 @@ _ENVIRONMENT = re.compile(
 )
 _MISSING_MODULE = re.compile(r"No module named '?([\w.]+)'?")
 _PYDANTIC_REASON = re.compile(r"^\s*Value error, ")
-_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*:|^\S*error:|^\S*Error\b")
+# The last alternative is our server's own refusal ("server: error: FILE: vLLM rejected the engine
+# settings (...): vLLM's whole reason"): one line, kept whole in the trial's failure.
+_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*:|^\S*error:|^\S*Error\b|^\w+: error: ")
 _LOG_TAIL_LINES = 40
 # The server under test runs at this nice value (and so does its session's autogroup):
 # on a host it shares with the load client, the client must never wait for a CPU behind

@@ -139,3 +139,16 @@ def test_only_errors_about_the_values_count_as_refusals() -> None:
     assert not refused_by_vllm(ModuleNotFoundError("No module named 'loguru'"))
     assert not refused_by_vllm(OSError("We couldn't connect to 'https://huggingface.co'"))
     assert not refused_by_vllm(LocalEntryNotFoundError("offline and not in the cache"))
+
+
+def test_a_trial_servers_refusal_is_kept_whole_in_its_failure() -> None:
+    from autotune.measure.server_start import classify_exit, headline
+
+    refusal = ("server: error: trial-0001/config.yaml: vLLM rejected the engine settings "
+               "(max_num_seqs=512, max_num_batched_tokens=256): 1 validation error for "
+               "SchedulerConfig: max_num_batched_tokens (256) must be greater than or equal to "
+               "max_num_seqs (512).")
+    tail = ["(MainProcess pid=7) INFO 12-01 21:31:07 [model.py:733] Resolved architecture",
+            refusal, "(MainProcess pid=7) INFO 12-01 21:31:08 [shutdown.py:12] bye", ""]
+    assert headline(tail) == refusal
+    assert classify_exit(2, tail) == "invalid_config"
