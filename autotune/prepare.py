@@ -179,7 +179,7 @@ def user_choices(
 ) -> dict[str, Any]:
     """What the user chose for a study, as --resume compares it (JSON): the trace's fingerprint,
     the model, the --baseline and --compare files as written, the model flags, the SLOs, the
-    objective and the --space file. Never a value this machine derived from them (the baseline's
+    objective, the --space file and the --allow knobs. Never a value this machine derived from them (the baseline's
     CPU memory share, vLLM's resolved defaults, the space's bands): a resumed study keeps the
     ones it was created with (`resumed_plan`)."""
     return {
@@ -191,6 +191,7 @@ def user_choices(
         "slos": [slo.spec() for slo in slos],
         "objective": objective.spec(),
         "space": None if request.space is None else yaml.safe_load(request.space.read_text(encoding="utf-8")),
+        "allow": sorted(request.allow),
     }
 
 

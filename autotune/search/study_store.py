@@ -118,6 +118,7 @@ _CHOICE_NAMES = {
     "slos": "SLOs",
     "objective": "objective",
     "space": "--space file",
+    "allow": "--allow",
 }
 
 
@@ -126,7 +127,7 @@ def changed_choices(stored: dict[str, Any], current: dict[str, Any]) -> list[str
     in `_CHOICE_NAMES` order: `trace (fingerprint 1a2b3c4d5e6f, now 0f9e8d7c6b5a)`."""
     changes = []
     for key, name in _CHOICE_NAMES.items():
-        if key not in stored and key not in current:
+        if key not in stored:  # a study created before this choice was stored
             continue
         old, new = stored.get(key), current.get(key)
         if old == new:

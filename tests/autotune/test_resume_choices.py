@@ -181,3 +181,11 @@ def test_resume_after_the_machine_changed_measures_the_stored_baseline(tmp_path:
     assert "--resume: the study's space as created" in done.stdout
     config = yaml.safe_load((out / "trials" / "trial-0000" / "config.yaml").read_text())
     assert config["gpu-memory-utilization"] == 0.19
+
+
+def test_a_changed_allow_is_refused(created: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.prepare
+
+    monkeypatch.setattr(autotune.prepare, "check_supported", lambda allow, accelerator: None)  # fp8 on a CPU
+    line = refusal(capsys, args(created, "--resume", "--allow", "fp8"))
+    assert '--allow ([], now ["fp8"])' in line
