@@ -113,3 +113,10 @@ def test_the_shared_bom_trace_profiles_with_every_request(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["requests"] == lines
     assert "skipped" not in captured.err
+
+
+def test_the_space_file_reader_accepts_a_bom(tmp_path: Path) -> None:
+    from autotune.search.space import SearchSpace
+
+    space = with_bom(tmp_path / "space.yaml", "params:\n  max_num_seqs: {type: int, low: 1, high: 8}\n")
+    assert SearchSpace.load(space, "cpu").params["max_num_seqs"].high == 8
