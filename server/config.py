@@ -167,7 +167,12 @@ def check_model_available(model: str, path: str | os.PathLike[str]) -> None:
         return
     from huggingface_hub import constants, try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError as error:  # huggingface_hub's HFValidationError: not a repository id
+        raise ConfigError(path, "model", model, f"neither a model folder nor a Hugging Face model "
+                          f"id ({' '.join(str(error).split())})") from None
+    if isinstance(cached, str):
         return
     fix = (f"give a local model folder, or download it where the hub is reachable "
            f"(huggingface-cli download {model}) into {constants.HF_HUB_CACHE}")

@@ -136,3 +136,10 @@ def test_python_m_server_serves_the_embedded_model_from_a_config_without_model(t
     assert info["model"] == str(DEFAULT_MODEL_DIR)
     assert info["engine"]["max_num_seqs"] == 4 and info["engine"]["max_model_len"] == 512
     assert answer["usage"]["completion_tokens"] == 2
+
+
+def test_a_model_that_is_no_folder_nor_hub_id_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_model_available("my model", "deployed.yaml")
+    assert str(caught.value).startswith("deployed.yaml: key 'model' = 'my model': neither a model "
+                                        "folder nor a Hugging Face model id (Repo id must use")
