@@ -253,6 +253,10 @@ class CapacityResult(BaseModel):
         if self.capacity_rps <= 0:
             if self.infeasible:
                 return self.infeasible
+            failed = [s.offered_rps for s in self.steps if not s.passed]
+            if self.stopped_by == "below_floor" and failed:
+                return (f"fails even at {min(failed):.3g} req/s, 1/{1 / HINT_FLOOR_SHARE:.0f} of the "
+                        f"capacity its ladder started from: not measured lower")
             lowest = min((s.offered_rps for s in self.steps), default=0.0)
             return f"no step met the SLOs (lowest tried {lowest:.3g} req/s)"
         edge = "" if self.bracketed else " (lower bound: the ladder ended before the cliff)"

@@ -246,6 +246,8 @@ class GateRunner:
                 status = headroom_status(evaluation.headroom, evaluation.broke_first,
                                          capacity_interval(evaluation.capacity_rps, evaluation.first_fail_rps)) + (
                     "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})")
+                if evaluation.capacity_note and evaluation.ok:
+                    status = evaluation.capacity_note
             if self.inputs.objective.kind == "min-memory":
                 status = memory_status(evaluation, self.inputs.objective)
             self.say(

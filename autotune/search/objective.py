@@ -201,6 +201,8 @@ class Evaluation(BaseModel):
     infeasible: str | None = None  # no load the ladder tried met the SLOs (CapacityResult.infeasible)
     # Ladder steps not scored (client lag, counts that did not reconcile): how many, the last why.
     unscored: str | None = None
+    # No step passed: what the ladder found instead (CapacityResult.describe), for the live line.
+    capacity_note: str | None = None
     # min-memory: the config's gpu_memory_utilization and the KV cache vLLM made of it
     memory: float | None = None
     kv_cache_gib: float | None = None
@@ -364,6 +366,7 @@ def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
         resolution=capacity.resolution if capacity is not None else None,
         infeasible=capacity.infeasible if capacity is not None else None,
         unscored=unscored_note(capacity),
+        capacity_note=capacity.describe() if capacity is not None and capacity.capacity_rps <= 0 else None,
     )
 
 

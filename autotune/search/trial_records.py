@@ -64,6 +64,8 @@ def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, se
             trial.set_user_attr("infeasible", evaluation.infeasible)
         if evaluation.unscored:
             trial.set_user_attr("unscored", evaluation.unscored)
+        if evaluation.capacity_note:
+            trial.set_user_attr("capacity_note", evaluation.capacity_note)
     if evaluation.memory is not None:
         trial.set_user_attr("memory", evaluation.memory)
         trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)
@@ -155,8 +157,8 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
         kv = KVCacheSize(gib=trial.user_attrs.get("kv_cache_gib"), tokens=trial.user_attrs.get("kv_cache_tokens"))
         if kv.gib is not None or kv.tokens is not None:
             status += f", KV cache {kv.describe()}"
-    elif trial.user_attrs.get("infeasible"):
-        status = trial.user_attrs["infeasible"]
+    elif trial.user_attrs.get("infeasible") or trial.user_attrs.get("capacity_note"):
+        status = trial.user_attrs.get("infeasible") or trial.user_attrs["capacity_note"]
     elif trial.user_attrs.get("headroom") is not None:
         status = headroom_status(trial.user_attrs["headroom"], trial.user_attrs.get("broke_first"),
                                  capacity_interval(score, trial.user_attrs.get("first_fail_rps")))

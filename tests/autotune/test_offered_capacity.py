@@ -330,3 +330,6 @@ def test_a_hinted_ladder_stops_at_a_sixteenth_of_its_start_without_calling_the_s
     assert capacity.stopped_by == "below_floor" and capacity.infeasible is None
     assert min(step.speedup for step in capacity.steps) == pytest.approx(1.0)
     assert all(not step.passed for step in capacity.steps)
+    lowest = min(step.offered_rps for step in capacity.steps)
+    assert capacity.describe() == (f"fails even at {lowest:.3g} req/s, 1/16 of the capacity its "
+                                   "ladder started from: not measured lower")
