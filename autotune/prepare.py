@@ -104,6 +104,10 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     check_writable(request.output_dir)  # before any trial: an unwritable folder must not cost one
     known = FactsCache().engine_arg_names()
     wide = objective.kind == "min-memory"  # memory from 0.05 up: the knob being minimised
+    if request.space is not None:
+        # A bad space file is refused before vLLM is asked anything (that takes seconds); it is
+        # read again below, with the baseline's resolved values.
+        SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)
     # The built-in ranges contain what the baseline resolves to (1024 sequences on an H200).
     # Checked as a searched config is (vLLM's checks, the relations) before any server starts.
     effective = effective if effective is not None else check_deployable(baseline, baseline_source)
