@@ -16,12 +16,14 @@ root (CI) the server runs as the `postgres` user that Debian's `postgresql` pack
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -102,6 +104,29 @@ def cluster() -> Iterator[str]:
         raise RuntimeError(f"PostgreSQL did not start: {' | '.join(detail + tail)}") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class _CurrentStdout:
+    """A stream that is whatever sys.stdout is when written to."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+@pytest.fixture(autouse=True)
+def vllm_logs_to_this_test_s_output() -> Iterator[None]:
+    """vLLM sets up its log handler once per process, on the stdout of that moment: under
+    pytest's capture, one test's stream, closed after it. A later test that asks vLLM in
+    process (the tuner's pre-flight resolves its defaults) then got "--- Logging error ---"
+    tracebacks on stderr, which a one-line refusal test read as a second line. vLLM's
+    handlers write to the stdout of the moment instead."""
+    for handler in logging.getLogger("vllm").handlers:
+        if type(handler) is logging.StreamHandler:  # vLLM's own, not pytest's capture handlers
+            handler.stream = _CurrentStdout()  # not setStream: it flushes the closed one first
+    yield
 
 
 @pytest.fixture
