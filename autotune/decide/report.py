@@ -315,7 +315,7 @@ def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
     base_least = "at least " if capacity.get("baseline_lower_bound") else ""
     win_least = "at least " if capacity.get("winner_lower_bound") else ""
     where = capacity.get("measured_on", "held-out median")
-    noise = (f"; noise {capacity['noise']:.1%} ({capacity['noise_source']})"
+    noise = (f"; noise {capacity['noise']:.1%}: {capacity['noise_source']}"
              if capacity.get("noise") is not None else "")
     text = (
         f"**Headroom: the baseline carries {base_least}{_fmt(capacity.get('baseline_headroom'))}x your "

@@ -248,11 +248,12 @@ def gate_noise(base: CandidateStats, best: CandidateStats | None) -> tuple[float
     resolutions = [s.resolution for s in (base, best) if s is not None and s.resolution is not None]
     resolution = max(resolutions) if resolutions else None
     if resolution is not None and (spread is None or resolution > spread):
-        where = "" if spread is None else f" (above the baseline's spread of {spread:.1%} over its repeats)"
+        where = "" if spread is None else f", above the baseline's spread of {spread:.1%} over its repeats"
         return resolution, f"the ladder's resolution{where}"
     if spread is None:
         return None, None
-    return spread, f"the baseline's spread over its repeats{'' if resolution is None else f' (resolution {resolution:.1%})'}"
+    above = "" if resolution is None else f", above the ladder's resolution of {resolution:.1%}"
+    return spread, f"the baseline's spread over its repeats{above}"
 
 
 def noise_text(noise: float | None, source: str | None) -> str:

@@ -126,8 +126,8 @@ def test_repeats_on_the_same_ladder_step_still_carry_the_ladder_s_resolution_as_
     assert decision.keep_baseline
     assert decision.noise is not None and abs(decision.noise - 0.1) < 1e-9
     assert decision.reason.endswith(
-        "within the noise; noise used 10.0%, the ladder's resolution (above the baseline's spread "
-        "of 0.0% over its repeats)")
+        "within the noise; noise used 10.0%, the ladder's resolution, above the baseline's spread "
+        "of 0.0% over its repeats")
     # A gain beyond the bracket is emitted, and the message still states the noise it beat.
     clear = (ladder_series(BASELINE, [10.0, 10.0, 10.0], [11.0, 11.0, 11.0])
              + ladder_series("trial-0003", [12.5, 12.6, 12.5], [13.7, 13.8, 13.7]))
@@ -141,4 +141,4 @@ def test_a_baseline_spread_wider_than_the_resolution_is_the_noise() -> None:
             + ladder_series("trial-0002", [13.0, 13.1, 12.9], [13.6, 13.7, 13.5]))
     decision = decide(runs)
     assert decision.noise is not None and abs(decision.noise - 2.0 / 11.0) < 1e-9
-    assert "the baseline's spread over its repeats (resolution" in decision.reason
+    assert "the baseline's spread over its repeats, above the ladder's resolution of" in decision.reason
