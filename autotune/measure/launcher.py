@@ -44,6 +44,7 @@ from autotune.measure.server_start import (
     free_port,
     headline,
     log_tail,
+    memory_problem,
     port_is_free,
     yield_cpu_to_clients,
 )
@@ -191,7 +192,8 @@ class ServerProcess:
                 how += ": the kernel's OOM killer, or another process"
             how += ")"
         what = headline(tail)
-        problem = environment_problem(tail) if kind == "environment" else None
+        problem = (environment_problem(tail) if kind == "environment"
+                   else memory_problem(tail) if kind == "oom" else None)
         if problem is not None and problem not in what:
             what = f"{problem}; {what}"  # the module or error first: what the user must fix
         return ServerStartFailed(kind, f"{how}: {what}", log_tail=tail)

@@ -148,6 +148,15 @@ def classify_exit(returncode: int | None, tail: Sequence[str]) -> StartFailureKi
     return "crash"
 
 
+def memory_problem(tail: Sequence[str]) -> str | None:
+    """The log line that says memory ran out (the last one `classify_exit` called `oom` by),
+    one line; None when no line does (a SIGKILL with nothing logged)."""
+    for line in reversed(tail):
+        if _OOM_PATTERNS.search(line):
+            return line.strip()
+    return None
+
+
 def environment_problem(tail: Sequence[str]) -> str | None:
     """What an `environment` failure's log says, in one line: "missing module 'loguru'" where a
     module is missing, else the log line that names the problem; None when nothing does."""

@@ -206,6 +206,17 @@ def test_vllm_kv_cache_error_is_classified_as_oom(tmp_path: Path) -> None:
     assert raised.value.kind == "oom"
 
 
+def test_an_oom_s_detail_leads_with_the_memory_line_even_when_an_error_line_follows(tmp_path: Path) -> None:
+    """Our server's own last line ("server: error: the engine failed to start: ...") names no
+    cause: the one line a user reads says what ran out first."""
+    from autotune.measure.server_start import memory_problem
+
+    tail = ["ValueError: ... larger than the available KV cache memory (0.1 GiB).",
+            "server: error: the engine failed to start: RuntimeError: Engine core initialization failed."]
+    assert memory_problem(tail) == tail[0]
+    assert memory_problem(["server: error: something else"]) is None
+
+
 def test_death_by_sigkill_is_classified_as_oom(tmp_path: Path) -> None:
     config = behaviour_file(tmp_path, ready_after_s=None, exit_after_s=0.2, exit_code=-9)
     with pytest.raises(ServerStartFailed) as raised:
