@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from autotune.cli import main as autotune_main
@@ -25,6 +24,7 @@ from server.config import (
     ServerConfig,
     check_model_available,
 )
+from tests.server.server_process import config_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
@@ -110,29 +110,9 @@ def test_a_model_folder_that_does_not_exist_is_named(tmp_path: Path) -> None:
 def test_python_m_server_serves_the_embedded_model_from_a_config_without_model(tmp_path: Path) -> None:
     path = tmp_path / "deployed.yaml"
     path.write_text("max-num-seqs: 4\nmax-model-len: 512\n")
-    port = free_port()
-    log = tmp_path / "server.log"
-    with log.open("wb") as sink:
-        server = subprocess.Popen([sys.executable, "-m", "server", "--config", str(path), "--port", str(port)],
-                                  stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=offline_env(tmp_path))
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-            while True:
-                assert server.poll() is None, log.read_text()[-3000:]
-                try:
-                    if client.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                try:
-                    server.wait(timeout=1)
-                except subprocess.TimeoutExpired:
-                    pass
-            info = client.get("/info").json()
-            answer = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).json()
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with config_server(path, tmp_path / "server.log", cwd=ROOT, env=offline_env(tmp_path)) as client:
+        info = client.get("/info").json()
+        answer = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).json()
     assert info["model"] == str(DEFAULT_MODEL_DIR)
     assert info["engine"]["max_num_seqs"] == 4 and info["engine"]["max_model_len"] == 512
     assert answer["usage"]["completion_tokens"] == 2

@@ -5,20 +5,17 @@ mean" is given only for a near spelling of an option of the same kind, never an 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from autotune.cli import main as autotune_main
 from autotune.decide.export import final_config
-from autotune.measure.server_start import free_port
 from autotune.plan import TuningRequest
 from autotune.prepare import prepare_plan
 from server.config import ConfigError, ServerConfig
+from tests.server.server_process import config_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
@@ -129,28 +126,9 @@ def test_a_hint_only_for_a_near_spelling_of_the_same_kind(tmp_path: Path, line: 
 def test_python_m_server_serves_a_deployed_vllm_serve_file(tmp_path: Path) -> None:
     path = tmp_path / "deployed.yaml"
     path.write_text(DEPLOYED["address-and-logging"][0] + "max-num-seqs: 4\nmax-model-len: 512\n")
-    port = free_port()
     log = tmp_path / "server.log"
-    with log.open("wb") as sink:
-        server = subprocess.Popen([sys.executable, "-m", "server", "--config", str(path), "--port", str(port)],
-                                  stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-            while True:
-                assert server.poll() is None, log.read_text()[-3000:]
-                try:
-                    if client.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                try:
-                    server.wait(timeout=1)
-                except subprocess.TimeoutExpired:
-                    pass
-            info = client.get("/info").json()
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with config_server(path, log, cwd=ROOT) as client:
+        info = client.get("/info").json()
     assert info["engine"]["max_num_seqs"] == 4
     assert ("server: note: " f"{path}: not applied here, kept for `vllm serve`: uvicorn-log-level, "
             "disable-uvicorn-access-log, max-log-len") in log.read_text()
