@@ -468,8 +468,9 @@ class LoadLadder:
         server = server_metrics(before, after, timeline)
         server.processes = sampler.processes
         summary = result.summary
-        measured = {slo.spec(): _percentile(result, slo) for slo in self.slos}
-        held = {slo.spec(): _holds(result, slo) for slo in self.slos}
+        values = {slo.spec(): _slo_values(result, slo) for slo in self.slos}  # once per SLO
+        measured = {slo.spec(): _percentile(values[slo.spec()], slo) for slo in self.slos}
+        held = {slo.spec(): _holds(result, slo, values[slo.spec()]) for slo in self.slos}
         early = decision.get("verdict") if summary.stopped_early else None
         passed, reason = self._verdict(summary, measured, planned, early, missed_when_decided, held)
         behind = client_fell_behind(result, offered_rate(due_by_last_send(trace, result)),
@@ -622,31 +623,25 @@ def _pct(spec: str, slos: Sequence[SLO]) -> float:
     return next(slo.percentile for slo in slos if slo.spec() == spec)
 
 
-def _holds(result: ReplayResult, slo: SLO) -> bool:
-    """Whether the step met `slo` with its failed requests counted as misses (a failed
-    request meets no SLO; cancelled ones, stopped by an early verdict, are not counted)."""
-    failed = sum(1 for r in result.records if r.error is not None and not r.cancelled)
+def _slo_values(result: ReplayResult, slo: SLO) -> list[float]:
+    """The step's values of the SLO's metric (ms) over its completed requests: token gaps for
+    ITL, one per request otherwise (cancelled ones, stopped by an early verdict, left out)."""
     if slo.metric == "itl":
-        values = [gap for r in result.records if r.error is None for gap in r.itl_ms]
-    else:
-        values = [v for r in result.records if r.error is None and not r.cancelled
-                  for v in [request_value_ms(r, slo)] if v is not None]
+        return [gap for r in result.records if r.error is None for gap in r.itl_ms]
+    return [v for r in result.records if r.error is None and not r.cancelled
+            for v in [request_value_ms(r, slo)] if v is not None]
+
+
+def _holds(result: ReplayResult, slo: SLO, values: list[float]) -> bool:
+    """Whether the step met `slo` with its failed requests counted as misses (a failed
+    request meets no SLO); `values`: `_slo_values` of the step."""
+    failed = sum(1 for r in result.records if r.error is not None and not r.cancelled)
     completed = sum(1 for r in result.records if r.error is None and not r.cancelled)
     return slo_met(values, slo, failed=failed, requests=completed + failed)
 
 
-def _percentile(result: ReplayResult, slo: SLO) -> float | None:
-    """The step's percentile of the SLO's metric over its completed requests (ms)."""
-    if slo.metric == "itl":
-        values = [gap for r in result.records if r.error is None for gap in r.itl_ms]
-    else:
-        values = [
-            v
-            for r in result.records
-            if r.error is None and not r.cancelled
-            for v in [request_value_ms(r, slo)]
-            if v is not None
-        ]
+def _percentile(values: list[float], slo: SLO) -> float | None:
+    """The SLO's percentile of `values` (`_slo_values`: completed requests only), ms."""
     if not values:
         return None
     return float(np.percentile(np.asarray(values, dtype=np.float64), slo.percentile))
