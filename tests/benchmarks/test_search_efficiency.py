@@ -196,7 +196,7 @@ def test_the_baseline_is_measured_first_and_once(bench) -> None:
 
 
 def test_the_committed_goodput_table_still_loads_complete(bench) -> None:
-    table = bench.load_table(ROOT / "results" / "benchmarks" / "search_grid")
+    table = bench.load_table(ROOT / "benchmarks" / "data" / "search_grid")
     assert table.objective == "goodput" and table.missing() == []
     assert len(table.grid_points()) == 30
     base = table.baseline_point()
