@@ -4,8 +4,6 @@
 # all; the checkout grows with committed results, so the kit is re-split into parts that fit
 # beside it (4 MiB margin) and the SHA256SUMS is rewritten for the new parts. The last folder
 # also holds install_wheelhouse.sh, the model shapes and the traces.
-# The committed results outgrew the 64 MiB a call carries: leave the bulky ones out of the
-# working tree first with a sparse checkout (`scripts/gpu/travel-light.sh`).
 # Usage: kit-parts.sh KIT_DIR STAGE_DIR   (KIT_DIR: what ../shared/gpu/build_wheelhouse.sh made)
 # Then per call: rm -rf .kit && cp -rl STAGE_DIR/NN .kit ; carry [".kit"] ; on the device
 # `mkdir -p /root/kit && cp -r .kit/* /root/kit/`; in the last call also
@@ -17,9 +15,14 @@ parts_dir=$kit/parts; [ -d "$parts_dir" ] || parts_dir=$kit
 shopt -s nullglob
 parts=("$parts_dir"/kit.tar.part.*)
 [ ${#parts[@]} -gt 0 ] || { echo "kit-parts.sh: no kit.tar.part.* in $parts_dir" >&2; exit 2; }
-# What travels: tracked files present in the working tree (a sparse checkout leaves the bulky
-# committed results behind) and untracked files git does not ignore.
-tracked_kib=$(bash "$(dirname "$0")/travel-light.sh" kib)
+# What travels: tracked files present in the working tree and untracked files git does not ignore.
+tracked_kib=$(cd "$(dirname "$0")/../.." && python3 - <<'PY'
+import os, subprocess
+names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True, check=True).stdout.split(b"\0")
+print(sum(os.path.getsize(n) for n in names if n and os.path.isfile(n)) // 1024)
+PY
+)
 part_mib=$(( (64 * 1024 - tracked_kib) / 1024 - 4 ))
 [ "$part_mib" -ge 8 ] || { echo "kit-parts.sh: the checkout ($tracked_kib KiB) leaves no room for a part" >&2; exit 2; }
 rm -rf "$stage" && mkdir -p "$stage/split"
