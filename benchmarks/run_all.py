@@ -22,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import ENGINE_LOCK, RESULTS, ROOT
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.benchlib import ENGINE_LOCK, RESULTS, ROOT
 
 PYTHON = sys.executable
 
@@ -83,7 +86,7 @@ def run(step: Step, log_path: Path) -> int:
 
 def grid_done(quick: bool) -> bool:
     """True when the capacity grid's table holds every point (and the baseline)."""
-    from search_efficiency import default_table, load_table
+    from benchmarks.search_table import default_table, load_table
 
     folder = default_table("capacity", quick)
     if not (folder / "table.json").exists():

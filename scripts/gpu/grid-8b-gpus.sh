@@ -34,8 +34,8 @@ on_gpu() {  # on_gpu K COMMAND...: GPU K alone, the K-th CPU slice, compile cach
 }
 baseline_measured=0
 if [ -f "$run/grid/table.json" ]; then
-  baseline_measured=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import search_efficiency as b
-from pathlib import Path; print(int(b.load_table(Path(sys.argv[1])).baseline_point() is not None))' "$run/grid")
+  baseline_measured=$(python3 -c 'import sys; from pathlib import Path; from benchmarks.search_table import load_table
+print(int(load_table(Path(sys.argv[1])).baseline_point() is not None))' "$run/grid")
 fi
 if [ "$baseline_measured" = 0 ]; then
   # The baseline, alone, on GPU 0; its compile cache is every shard's.

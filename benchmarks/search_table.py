@@ -1,0 +1,322 @@
+"""The search benchmark's measured table (benchmarks/search_efficiency.py): its points
+(TABLE/table.json), loading a table and the repeats that measured its configs again, pooling
+those launches, judging points that ran as one scheduler config as one, and the conditions the
+table was measured under. `measure` writes tables, `replay` reads them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from benchmarks.benchlib import DATA, ROOT, spread
+
+
+class Point(BaseModel):
+    """One measured grid point (or the baseline) in TABLE/table.json."""
+
+    label: str
+    max_num_seqs: int | None  # None: vLLM's default (the baseline)
+    max_num_batched_tokens: int | None
+    effective: dict[str, Any]  # what the engine ran with (defaults resolved)
+    baseline: bool
+    ok: bool
+    failure: str | None
+    failure_detail: str | None
+    score: float  # the table's objective: goodput or capacity, req/s (0 when the run failed)
+    # What the study counts as feasible: goodput: ran and met every SLO; capacity: carried some
+    # load with every SLO met (capacity > 0; the SLOs are inside the number).
+    feasible: bool
+    measured_ms: dict[str, float | None]
+    throughput: float | None
+    completed: int | None
+    failed: int | None
+    wall_s: float  # what the trial cost, start to stop, wall clock
+    timing: dict[str, float] | None  # TrialTiming
+    load_1min_before: float
+    other_engine_share: float = 0.0  # share of the trial another user's vLLM engine ran
+    measured_at: str
+    trial_dir: str  # relative to the repository root, or absolute
+    # capacity tables only
+    capacity_rps: float | None = None
+    headroom: float | None = None
+    bracketed: bool | None = None
+    ladder_steps: int | None = None
+    start_speedup: float | None = None  # where the ladder started (None: at 1x, unhinted)
+    limiting_slo: str | None = None  # the SLO that broke first above the capacity
+    # A pooled point (a table with repeats.json): every launch of this config, the table's own
+    # first; `score` is then their median (a failed launch counts 0), `wall_s` their mean cost.
+    launches: list[Point] = []
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return int(self.effective["max_num_seqs"]), int(self.effective["max_num_batched_tokens"])
+
+    def outcome_path(self) -> Path:
+        folder = Path(self.trial_dir)
+        return (folder if folder.is_absolute() else ROOT / folder) / "outcome.json"
+
+
+class Table(BaseModel):
+    settings: dict[str, Any]
+    points: list[Point] = []
+
+    @property
+    def objective(self) -> str:
+        return str(self.settings.get("objective", "goodput"))
+
+    def by_key(self) -> dict[tuple[int, int], Point]:
+        return {p.key: p for p in self.points}
+
+    def grid_keys(self) -> list[tuple[int, int]]:
+        """Every grid point, in auto_tune.sh's order: max_num_seqs outer, batched tokens inner."""
+        grid = self.settings["grid"]
+        return [(s, b) for s, b in itertools.product(sorted(grid["max_num_seqs"]),
+                                                     sorted(grid["max_num_batched_tokens"]))
+                if launchable(s, b)]
+
+    def grid_points(self) -> list[Point]:
+        """The grid's measured points (the baseline among them when it is a grid point)."""
+        points = self.by_key()
+        return [points[key] for key in self.grid_keys() if key in points]
+
+    def baseline_point(self) -> Point | None:
+        return next((p for p in self.points if p.baseline), None)
+
+    def missing(self) -> list[tuple[int, int]]:
+        points = self.by_key()
+        return [key for key in self.grid_keys() if key not in points]
+
+
+def load_table(table_dir: Path) -> Table:
+    """The table; points measured on another host (a GPU's run folder) read their trial folders
+    from beside the table, where the run folder was copied."""
+    table = Table.model_validate_json((table_dir / "table.json").read_text())
+    for point in table.points:
+        if not point.outcome_path().exists() and (table_dir / "trials" / Path(point.trial_dir).name).is_dir():
+            point.trial_dir = str(table_dir / "trials" / Path(point.trial_dir).name)
+    return table
+
+
+def table_trace(table: Table, table_dir: Path) -> Path:
+    """The trace a table was measured on: where it recorded it (relative to the repository), else
+    the copy `measure` keeps beside a table whose trace lived outside the repository (a GPU host's
+    run folder), so a committed GPU grid replays anywhere."""
+    recorded = ROOT / table.settings["trace"]
+    if recorded.exists():
+        return recorded
+    copy = table_dir / Path(table.settings["trace"]).name
+    if copy.exists():
+        return copy
+    raise SystemExit(f"{table_dir / 'table.json'}: trace {table.settings['trace']} not found, "
+                     f"nor a copy at {copy}")
+
+
+class RepeatsFile(BaseModel):
+    """TABLE/repeats.json: tables whose points are more launches of this table's configs (the same
+    model, trace, window, SLOs and ladder; e.g. a few points measured again on another day). The
+    replay then draws one of a config's launches each time a strategy launches it, and judges a
+    strategy by the median of its pick's launches: the noise a live tuner faces, and the truth it
+    is after."""
+
+    model_config = ConfigDict(extra="forbid")
+    tables: list[str]  # folders, relative to the table's
+    note: str = ""  # how the repeats were measured (e.g. that the trace copies are byte-identical)
+
+
+def load_repeats(table: Table, table_dir: Path) -> list[Table]:
+    """The tables TABLE/repeats.json names, each checked to measure this table's configs the same
+    way: only the grid may differ (a repeat measures some of the points) and the trace's folder
+    (a copy of the same trace per run on the GPU host)."""
+    path = table_dir / "repeats.json"
+    if not path.exists():
+        return []
+    try:
+        spec = RepeatsFile.model_validate_json(path.read_text())
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
+    repeats = []
+    points = table.by_key()
+    for folder in spec.tables:
+        if not (table_dir / folder / "table.json").exists():
+            raise SystemExit(f"{path}: tables: {folder}: no table.json there")
+        other = load_table(table_dir / folder)
+        conflicts = [key for key in settings_conflicts(table.settings, other.settings) if key not in ("grid", "trace")]
+        if Path(other.settings["trace"]).name != Path(table.settings["trace"]).name:
+            conflicts.append("trace")
+        if conflicts:
+            raise SystemExit(f"{path}: tables: {folder}: measured with another {conflicts[0]} "
+                             f"({other.settings.get(conflicts[0])!r} against {table.settings.get(conflicts[0])!r})")
+        stray = next((p for p in other.points if p.key not in points), None)
+        if stray is not None:
+            raise SystemExit(f"{path}: tables: {folder}: {stray.label} (max_num_seqs={stray.key[0]}, "
+                             f"max_num_batched_tokens={stray.key[1]}) is not a point of this table")
+        repeats.append(other)
+    return repeats
+
+
+def pooled(table: Table, repeats: Sequence[Table]) -> Table:
+    """The table with every point's launches pooled (Point.launches). Without repeats, the table as
+    it is: each point is its one launch."""
+    if not repeats:
+        return table
+    launches: dict[tuple[int, int], list[Point]] = {p.key: [p] for p in table.points}
+    for other in repeats:
+        for point in other.points:
+            launches[point.key].append(point)
+    points = []
+    for point in table.points:
+        runs = launches[point.key]
+        score = float(np.median([p.score if p.feasible else 0.0 for p in runs]))
+        points.append(point.model_copy(update={
+            "score": score, "feasible": score > 0, "wall_s": float(np.mean([p.wall_s for p in runs])),
+            "launches": runs}))
+    return table.model_copy(update={"points": points})
+
+
+class SchedulerClass(BaseModel):
+    """Grid points judged as one scheduler config (`one_scheduler_config`)."""
+
+    labels: list[str]
+    batched: int
+    smallest_cap: int
+    peak_running: float  # the most requests any ladder step of any of their launches ran at once
+    launches: int
+    score: float  # the median of every launch
+
+
+def cap_idle(ladder: Any, seqs: int) -> bool:
+    """Whether a `max_num_seqs` of `seqs` never limited this launch's ladder
+    (autotune.measure.ladder.CapacityResult): in every step, scored or not, at most half the cap
+    ran at once (the running gauge is sampled between scrapes: the margin covers what the samples
+    missed), nothing was preempted and the KV cache stayed under 90% full. False where a step
+    lacks the server's metrics."""
+    steps = [*ladder.steps, *ladder.unscored]
+    return bool(steps) and all(
+        step.server is not None and step.server.num_running_max is not None
+        and step.server.num_running_max <= 0.5 * seqs and not (step.server.preemptions or 0)
+        and (step.server.kv_cache_usage_max or 0.0) < 0.9
+        for step in steps)
+
+
+def launch_capacity(point: Point):
+    """A launch's capacity ladder (autotune.measure.ladder.CapacityResult), None when its
+    outcome is not at hand."""
+    from autotune.measure.trial import TrialOutcome
+
+    path = point.outcome_path()
+    return TrialOutcome.model_validate_json(path.read_text()).capacity if path.exists() else None
+
+
+def one_scheduler_config(table: Table) -> tuple[Table, list[SchedulerClass]]:
+    """The table with the points that ran as one scheduler config judged as one.
+
+    Points with the same batched-token budget whose `max_num_seqs` never bound in any ladder
+    step of any of their launches (`cap_idle` at each point's own cap: at most half the cap
+    running, no preemption, the KV cache under 90% full) each made the
+    decisions the scheduler makes with no cap at the loads they were offered, so their launches
+    are draws of one config: each such point's value becomes the median of all their launches,
+    and a launch of any of them draws from all of them. The cap also sizes vLLM's CUDA-graph
+    capture list (batches up to twice it, at most 512) and the memory profile; the decode batches
+    of such points (at most half the smallest cap) are captured under every cap, and the KV cache
+    never filled. Points whose launches lack their ladders are left as they are."""
+    groups: dict[int, list[Point]] = {}
+    peaks: dict[tuple[int, int], float] = {}
+    for point in table.points:
+        ladders = [launch_capacity(run) for run in (point.launches or [point])]
+        if not point.feasible or any(ladder is None or not cap_idle(ladder, point.key[0]) for ladder in ladders):
+            continue
+        peaks[point.key] = max(s.server.num_running_max for ladder in ladders for s in [*ladder.steps, *ladder.unscored])
+        groups.setdefault(point.key[1], []).append(point)
+    classes: list[SchedulerClass] = []
+    merged: dict[tuple[int, int], Point] = {}
+    for batched, members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        runs = [run for point in members for run in (point.launches or [point])]
+        score = float(np.median([run.score if run.feasible else 0.0 for run in runs]))
+        classes.append(SchedulerClass(
+            labels=[p.label for p in members], batched=batched, smallest_cap=min(p.key[0] for p in members),
+            peak_running=max(peaks[p.key] for p in members), launches=len(runs), score=score))
+        for point in members:
+            merged[point.key] = point.model_copy(update={"score": score, "feasible": score > 0, "launches": runs})
+    points = [merged.get(p.key, p) for p in table.points]
+    return table.model_copy(update={"points": points}), classes
+
+
+def check_powers_of_two(settings: dict[str, Any]) -> None:
+    """The replay's space is every power of two between a knob's lowest and highest value."""
+    for name, values in settings["grid"].items():
+        low, high = min(values), max(values)
+        powers = [2**k for k in range(int(math.log2(low)), int(math.log2(high)) + 1)]
+        if sorted(values) != powers:
+            raise SystemExit(f"grid {name} {values}: the tuner's space is every power of two from "
+                             f"{low} to {high}; measure a grid with all of them")
+
+
+def launchable(seqs: int, batched: int) -> bool:
+    """False for a point that breaks a built-in relation of the search space (vLLM refuses fewer
+    batched tokens than sequences): `autotune run` never launches it, so a grid leaves it out."""
+    from autotune.search.relations import BUILTIN_RELATIONS, parse_relation
+
+    values = {"max_num_seqs": seqs, "max_num_batched_tokens": batched}
+    return all(parse_relation(text).check(values) is not False for text in BUILTIN_RELATIONS)
+
+
+# Words about the measurement, not conditions of it: a table measured before they changed still
+# takes points. "extended" is the table's record of its earlier, smaller grids.
+DESCRIPTIVE_SETTINGS = ("measured_as", "hint", "extended")
+
+
+def settings_conflicts(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """The settings on which a table measured with `stored` cannot take points measured with
+    `wanted`: every condition of the measurement must match, except that the grid may grow (every
+    value it had is kept) and ladder fields added since the table was measured compare at their
+    defaults."""
+    from autotune.measure.ladder import LadderSettings
+
+    conflicts = []
+    for key in sorted({*stored, *wanted} - set(DESCRIPTIVE_SETTINGS)):
+        old, new = stored.get(key), wanted.get(key)
+        if key == "grid" and old is not None and new is not None:
+            if not all(set(values) <= set(new.get(axis, ())) for axis, values in old.items()):
+                conflicts.append(key)
+        elif key == "ladder" and old is not None and new is not None:
+            if LadderSettings.model_validate(old) != LadderSettings.model_validate(new):
+                conflicts.append(key)
+        elif old != new:
+            conflicts.append(key)
+    return conflicts
+
+
+def relative_dir(folder: Path) -> str:
+    resolved = folder.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+
+
+def conditions(table: Table) -> dict[str, Any]:
+    """What the machine was doing while the grid was measured: the 1-minute load average before
+    each point, and (capacity) the replayer's send-lag p99 over every ladder step."""
+    lags = []
+    for point in table.points:
+        path = point.outcome_path()
+        if table.objective == "capacity" and path.exists():
+            from autotune.measure.trial import TrialOutcome
+
+            outcome = TrialOutcome.model_validate_json(path.read_text())
+            steps = outcome.capacity.steps if outcome.capacity is not None else []
+            lags += [s.summary.send_lag_p99_ms for s in steps if s.summary.send_lag_p99_ms is not None]
+    return {"load_1min_before": spread([p.load_1min_before for p in table.points]),
+            "send_lag_p99_ms": spread(lags),
+            "other_engine_share": spread([p.other_engine_share for p in table.points])}
+
+
+def default_table(objective: str, quick: bool) -> Path:
+    name = "search_grid_capacity" if objective == "capacity" else "search_grid"
+    return Path(f"/tmp/{name}_quick") if quick else DATA / name
