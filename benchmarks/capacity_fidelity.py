@@ -68,8 +68,10 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 import psutil
-from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 from pydantic import BaseModel, ConfigDict
+
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune import preflight
 from autotune.measure.ladder import (
@@ -87,6 +89,7 @@ from autotune.measure.servers import TrialServer
 from autotune.measure.settle import ServerSettler
 from autotune.measure.trial import WARMUP_INPUT_TOKENS, WARMUP_OUTPUT_TOKENS
 from autotune.search.objective import default_slos
+from benchmarks.benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 from server.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_DIR, ServerConfig
 from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory

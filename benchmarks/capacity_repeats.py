@@ -15,16 +15,19 @@ Results: results/benchmarks/capacity_repeats.{json,md} (quick: results/benchmark
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.trial import TrialRunner
 from autotune.search.objective import default_slos
+from benchmarks.benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 from server.config import ServerConfig, default_engine_settings
 from workloads.replay import ReplayOptions
 from workloads.trace_io import load_trace

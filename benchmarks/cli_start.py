@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.benchlib import ROOT, Recorder, md_table, say  # noqa: E402
-from server.vllm_facts import CACHE_DIR_ENV  # noqa: E402
+from benchmarks.benchlib import ROOT, Recorder, md_table, say
+from server.vllm_facts import CACHE_DIR_ENV
 
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 

@@ -37,9 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from workloads.files import write_text_atomic  # noqa: E402
+from workloads.files import write_text_atomic
 
 ITERATION = re.compile(
     r"(?P<clock>\d\d-\d\d \d\d:\d\d:\d\d).*Iteration\(\d+\): (?P<ctx_req>\d+) context requests, "

@@ -26,11 +26,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from autotune.measure.forkserver import ForkServer  # noqa: E402
-from autotune.measure.launcher import ServerLauncher  # noqa: E402
-from server.config import ServerConfig  # noqa: E402
+from autotune.measure.forkserver import ForkServer
+from autotune.measure.launcher import ServerLauncher
+from server.config import ServerConfig
 
 PROMPT = "Der Zug nach Hamburg " * 20
 

@@ -55,7 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, Goal, Recorder, engine_changes, fmt, md_table, say, spread
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import CapacityResult, LadderSettings, recorded_rate
@@ -63,6 +64,7 @@ from autotune.measure.servers import TrialServer
 from autotune.measure.trial import TrialRunner
 from autotune.plan import TuningRequest
 from autotune.prepare import load_baseline
+from benchmarks.benchlib import ROOT, Goal, Recorder, engine_changes, fmt, md_table, say, spread
 from server.config import ServerConfig
 from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory

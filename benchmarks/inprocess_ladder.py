@@ -24,27 +24,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: the project's packages beside it
-    sys.path.insert(0, str(ROOT))
-
-from autotune.measure.ladder import CapacityResult, LadderSettings, LoadLadder  # noqa: E402
-from autotune.measure.scraper import MetricsSnapshot, parse_metrics, parse_scalars  # noqa: E402
-from server.config import ServerConfig  # noqa: E402
-from server.engine import Engine, Generation  # noqa: E402
-from workloads.files import write_text_atomic  # noqa: E402
-from workloads.prompts import PromptFactory  # noqa: E402
-from workloads.replay import ProgressCallback, ReplayOptions, ReplayRun, _Stream  # noqa: E402
-from workloads.replay_summary import ReplayResult  # noqa: E402
-from workloads.slo import SLO, parse_slos  # noqa: E402
-from workloads.trace import Trace  # noqa: E402
-from workloads.trace_io import load_trace  # noqa: E402
+from autotune.measure.ladder import CapacityResult, LadderSettings, LoadLadder
+from autotune.measure.scraper import MetricsSnapshot, parse_metrics, parse_scalars
+from server.config import ServerConfig
+from server.engine import Engine, Generation
+from workloads.files import write_text_atomic
+from workloads.prompts import PromptFactory
+from workloads.replay import ProgressCallback, ReplayOptions, ReplayRun, _Stream
+from workloads.replay_summary import ReplayResult
+from workloads.slo import SLO, parse_slos
+from workloads.trace import Trace
+from workloads.trace_io import load_trace
 
 
 class InProcessRun(ReplayRun):

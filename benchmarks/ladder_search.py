@@ -27,14 +27,15 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.measure.ladder import LadderSettings, LadderStep, LoadLadder  # noqa: E402
-from benchmarks.benchlib import Goal, Recorder, md_table, say  # noqa: E402
-from workloads.replay import ReplayOptions  # noqa: E402
-from workloads.replay_summary import ReplaySummary  # noqa: E402
-from workloads.slo import parse_slo  # noqa: E402
-from workloads.trace import Trace, TraceRequest  # noqa: E402
+from autotune.measure.ladder import LadderSettings, LadderStep, LoadLadder
+from benchmarks.benchlib import Goal, Recorder, md_table, say
+from workloads.replay import ReplayOptions
+from workloads.replay_summary import ReplaySummary
+from workloads.slo import parse_slo
+from workloads.trace import Trace, TraceRequest
 
 RULES = {"capped": 2.0, "squared": 1e12}
 BANDS = [(1.05, 4.0), (4.0, 16.0), (16.0, 64.0), (64.0, 250.0)]

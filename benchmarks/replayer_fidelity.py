@@ -41,7 +41,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 
 METRICS = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "p99_e2el_ms")
 TOLERANCE = 0.03

@@ -36,8 +36,11 @@ from pathlib import Path
 import aiohttp
 import httpx
 import numpy as np
-from benchlib import Goal, Recorder, fmt, md_table
 
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.benchlib import Goal, Recorder, fmt, md_table
 from workloads.replay import replay
 from workloads.replay_workers import replay_with_workers
 from workloads.trace import Trace

@@ -29,12 +29,13 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.measure.forkserver import ForkedServer, ForkServer  # noqa: E402
-from autotune.measure.launcher import ServerLauncher  # noqa: E402
-from benchmarks.benchlib import Recorder, md_table, say  # noqa: E402
-from server.config import ServerConfig  # noqa: E402
+from autotune.measure.forkserver import ForkedServer, ForkServer
+from autotune.measure.launcher import ServerLauncher
+from benchmarks.benchlib import Recorder, md_table, say
+from server.config import ServerConfig
 
 
 async def serve_burst(url: str, requests: int, concurrency: int = 32) -> float:

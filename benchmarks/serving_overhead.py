@@ -58,10 +58,23 @@ from typing import Any
 
 import numpy as np
 import psutil
-from benchlib import ROOT, EngineWatch, Goal, Recorder, engine_changes, fmt, md_table, say, spread
+
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.measure.process_cpu import CpuReading, cpu_use, read_cpu
 from autotune.measure.server_start import free_port, yield_cpu_to_clients
+from benchmarks.benchlib import (
+    ROOT,
+    EngineWatch,
+    Goal,
+    Recorder,
+    engine_changes,
+    fmt,
+    md_table,
+    say,
+    spread,
+)
 from server.config import ServerConfig, ServingSettings
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")
@@ -568,7 +581,7 @@ def notes_for(sessions: dict[str, list[dict]]) -> list[str]:
 def render(path: Path) -> int:
     """Rewrite NAME.md (and the notes in NAME.json) from a run's JSON with the current text;
     every measured figure, the command and the date stay as they were."""
-    from benchlib import BenchmarkResult, render_markdown, write_text_atomic
+    from benchmarks.benchlib import BenchmarkResult, render_markdown, write_text_atomic
 
     path = path.resolve()
     result = BenchmarkResult.model_validate_json(path.read_text())

@@ -25,12 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from workloads.files import write_text_atomic  # noqa: E402
-from workloads.trace_io import load_trace  # noqa: E402
-from workloads.windows import select_windows  # noqa: E402
+from workloads.files import write_text_atomic
+from workloads.trace_io import load_trace
+from workloads.windows import select_windows
 
 
 def measure(model: str, max_model_len: int, batched: int, seqs: int, memory: float,

@@ -23,7 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import Goal, Recorder, md_table, spread
+
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.benchlib import Goal, Recorder, md_table, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 10.0

@@ -40,7 +40,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import DATA, RESULTS, ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.benchlib import (
+    DATA,
+    ROOT,
+    EngineWatch,
+    Goal,
+    Recorder,
+    fmt,
+    md_table,
+    say,
+    spread,
+)
 
 PHASES = ("launch_s", "ready_s", "warmup_s", "measure_s", "teardown_s")
 VARIANTS = ("eager", "compile_cold", "compile_warm", "compile_warm_other", "eager#2")

@@ -27,11 +27,9 @@ from pathlib import Path
 
 import httpx
 
+from server.config import ServerConfig, default_engine_settings
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from server.config import ServerConfig, default_engine_settings  # noqa: E402
-
 PORT = 8766
 
 

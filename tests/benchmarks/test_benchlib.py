@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import re
-from types import ModuleType
 
 import pytest
 
-BENCHMARK = "benchlib"  # benchmarks/benchlib.py, imported by the `bench` fixture (conftest)
+from benchmarks import benchlib as bench
 
 
-def test_a_copy_without_its_history_names_the_commit_it_was_made_from(bench: ModuleType,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_copy_without_its_history_names_the_commit_it_was_made_from(monkeypatch: pytest.MonkeyPatch) -> None:
     # The lent GPU machine's copy of the checkout carries a stale .git: the header must not
     # name that commit when the copier says which one the copy is.
     monkeypatch.setenv(bench.SOURCE_COMMIT_ENV, "53b5457")

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from benchmarks import capacity_fidelity as bench
 from workloads.trace import Trace, TraceRequest
 
-BENCHMARK = "capacity_fidelity"  # benchmarks/capacity_fidelity.py, imported by the `bench` fixture (conftest)
 MODEL = Path(__file__).resolve().parents[2] / "server" / "models" / "tiny-multilingual"
 
 
@@ -44,8 +43,7 @@ def vllm_result(**changes: object) -> dict:
     return {**data, **changes}
 
 
-def test_vllm_bench_result_gives_its_percentiles_and_the_rate_it_really_sent(bench: ModuleType,
-                                                                          tmp_path: Path) -> None:
+def test_vllm_bench_result_gives_its_percentiles_and_the_rate_it_really_sent(tmp_path: Path) -> None:
     path = tmp_path / "vllm.json"
     path.write_text(json.dumps(vllm_result()))
     figures = bench.vllm_figures(bench.parse_vllm_result(path), run=2)
@@ -56,7 +54,7 @@ def test_vllm_bench_result_gives_its_percentiles_and_the_rate_it_really_sent(ben
     assert figures.offered_rps == pytest.approx(2.0)
 
 
-def test_a_vllm_run_with_nothing_completed_has_no_percentiles(bench: ModuleType, tmp_path: Path) -> None:
+def test_a_vllm_run_with_nothing_completed_has_no_percentiles(tmp_path: Path) -> None:
     # vLLM writes 0 for the percentile of no values: that must not read as a 0 ms TTFT.
     path = tmp_path / "vllm.json"
     path.write_text(json.dumps(vllm_result(completed=0, failed=4, p95_ttft_ms=0.0, p95_tpot_ms=0.0)))
@@ -65,7 +63,7 @@ def test_a_vllm_run_with_nothing_completed_has_no_percentiles(bench: ModuleType,
     assert figures.requests == 4
 
 
-def test_a_result_without_the_percentiles_we_compare_is_refused(bench: ModuleType, tmp_path: Path) -> None:
+def test_a_result_without_the_percentiles_we_compare_is_refused(tmp_path: Path) -> None:
     data = vllm_result()
     del data["p95_tpot_ms"]  # e.g. --metric-percentiles without 95
     path = tmp_path / "vllm.json"
@@ -74,7 +72,7 @@ def test_a_result_without_the_percentiles_we_compare_is_refused(bench: ModuleTyp
         bench.parse_vllm_result(path)
 
 
-def runs(bench: ModuleType, ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> list:
+def runs(ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> list:
     made = []
     for k, (mine, other) in enumerate(zip(ours, theirs, strict=True), start=1):
         for client, (ttft, tpot) in (("ours", mine), ("vllm", other)):
@@ -83,8 +81,8 @@ def runs(bench: ModuleType, ours: list[tuple[float, float]], theirs: list[tuple[
     return made
 
 
-def test_the_ratio_table_takes_ours_over_theirs_per_pair_and_of_the_medians(bench: ModuleType) -> None:
-    table = runs(bench, ours=[(400.0, 20.0), (600.0, 22.0), (500.0, 30.0)],
+def test_the_ratio_table_takes_ours_over_theirs_per_pair_and_of_the_medians() -> None:
+    table = runs(ours=[(400.0, 20.0), (600.0, 22.0), (500.0, 30.0)],
                  theirs=[(500.0, 20.0), (500.0, 20.0), (1000.0, 20.0)])
     comparison = bench.compare(table)
     ttft, tpot = comparison["ttft_p95_ms"], comparison["tpot_p95_ms"]
@@ -100,15 +98,15 @@ def test_the_ratio_table_takes_ours_over_theirs_per_pair_and_of_the_medians(benc
     assert len(vllm_rows) == 3 and "| 0.8 | 1 |" in vllm_rows[0]  # pair 1: 400/500, 20/20
 
 
-def test_a_run_without_a_figure_leaves_its_pair_out_of_the_ratios(bench: ModuleType) -> None:
-    table = runs(bench, ours=[(400.0, 20.0), (600.0, 22.0)], theirs=[(500.0, 20.0), (500.0, 20.0)])
+def test_a_run_without_a_figure_leaves_its_pair_out_of_the_ratios() -> None:
+    table = runs(ours=[(400.0, 20.0), (600.0, 22.0)], theirs=[(500.0, 20.0), (500.0, 20.0)])
     table[3] = table[3].model_copy(update={"ttft_p95_ms": None, "tpot_p95_ms": None})  # vllm run 2: none done
     comparison = bench.compare(table)
     assert comparison["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.8])
     assert comparison["ttft_p95_ms"]["ratio_of_medians"] == pytest.approx(500.0 / 500.0)
 
 
-def test_the_requests_sent_are_a_ladder_steps_requests_offering_the_rate(bench: ModuleType) -> None:
+def test_the_requests_sent_are_a_ladder_steps_requests_offering_the_rate() -> None:
     from autotune.measure.ladder import LadderSettings, offered_rate, step_trace
 
     recorded = window(30)  # 4 req/s
@@ -130,7 +128,7 @@ def test_the_requests_sent_are_a_ladder_steps_requests_offering_the_rate(bench: 
     assert 6.5 < offered_rate(poisson) < 9.5  # Poisson at 8 req/s over 200 arrivals
 
 
-def test_a_bursty_window_keeps_its_bursts_at_the_rate(bench: ModuleType) -> None:
+def test_a_bursty_window_keeps_its_bursts_at_the_rate() -> None:
     from autotune.measure.ladder import offered_rate
 
     bursts = Trace.from_requests(
@@ -142,8 +140,7 @@ def test_a_bursty_window_keeps_its_bursts_at_the_rate(bench: ModuleType) -> None
     assert gaps.max() / gaps.min() == pytest.approx(960.0 / 10.0)  # the burst shape, scaled
 
 
-def test_the_timed_trace_file_carries_every_requests_token_counts_and_fresh_hash_ids(bench: ModuleType,
-                                                                                     tmp_path: Path) -> None:
+def test_the_timed_trace_file_carries_every_requests_token_counts_and_fresh_hash_ids(tmp_path: Path) -> None:
     sent = bench.measured_trace(window(30), rate_rps=6.0, requests=40, arrivals="recorded")
     first, second = tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
     bench.write_timed_trace(sent, first, first_hash_id=1 * bench.HASH_ID_STRIDE)
@@ -159,7 +156,7 @@ def test_the_timed_trace_file_carries_every_requests_token_counts_and_fresh_hash
     assert len(ids) == len(set(ids)) and not set(ids) & later
 
 
-def test_the_window_is_the_one_autotune_run_measures(bench: ModuleType) -> None:
+def test_the_window_is_the_one_autotune_run_measures() -> None:
     from autotune import preflight
     from autotune.search.objective import default_slos
     from server.config import ServerConfig
@@ -175,7 +172,7 @@ def test_the_window_is_the_one_autotune_run_measures(bench: ModuleType) -> None:
 
 
 @pytest.mark.slow  # imports vLLM's benchmark modules (~10-20 s)
-def test_vllm_reads_our_file_as_prompts_of_exactly_the_windows_lengths(bench: ModuleType, tmp_path: Path) -> None:
+def test_vllm_reads_our_file_as_prompts_of_exactly_the_windows_lengths(tmp_path: Path) -> None:
     from vllm.benchmarks.datasets.datasets import TimedTrace
     from vllm.tokenizers import get_tokenizer
 
@@ -195,7 +192,7 @@ def test_vllm_reads_our_file_as_prompts_of_exactly_the_windows_lengths(bench: Mo
 
 @pytest.mark.slow  # imports vLLM's benchmark modules (~10-20 s)
 @pytest.mark.parametrize("arrivals", ["recorded", "poisson"])
-def test_vllm_bench_serve_accepts_the_command_and_times_it_as_asked(bench: ModuleType, arrivals: str) -> None:
+def test_vllm_bench_serve_accepts_the_command_and_times_it_as_asked(arrivals: str) -> None:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -213,15 +210,15 @@ def test_vllm_bench_serve_accepts_the_command_and_times_it_as_asked(bench: Modul
         assert (args.self_timed, args.request_rate, args.burstiness) == (False, 7.5, 1.0)
 
 
-def test_each_clients_ttft_is_set_against_the_servers_own_in_the_same_run(bench: ModuleType) -> None:
-    table = runs(bench, ours=[(400.0, 20.0), (900.0, 22.0)], theirs=[(300.0, 20.0), (500.0, 20.0)])
+def test_each_clients_ttft_is_set_against_the_servers_own_in_the_same_run() -> None:
+    table = runs(ours=[(400.0, 20.0), (900.0, 22.0)], theirs=[(300.0, 20.0), (500.0, 20.0)])
     server_p95 = [400.0, 300.0, 1000.0, 500.0]  # the server's histogram saw each run move alike
     table = [r.model_copy(update={"server_ttft_p95_ms": p}) for r, p in zip(table, server_p95, strict=True)]
     assert bench.against_server(table) == {"ours": pytest.approx(0.95), "vllm": pytest.approx(1.0)}
     assert bench.relative_range([400.0, 900.0]) == pytest.approx(500.0 / 650.0)
 
 
-def test_the_report_shows_the_vllm_command_as_typed_from_the_repository(bench: ModuleType) -> None:
+def test_the_report_shows_the_vllm_command_as_typed_from_the_repository() -> None:
     work = Path("/tmp/capacity-fidelity-abc")
     command = bench.vllm_command(work / "vllm-1.timed_trace.jsonl", 120, "http://127.0.0.1:43827",
                                  work / "vllm-1.json", arrivals="recorded", rate_rps=5.0, seed=1,
@@ -233,7 +230,7 @@ def test_the_report_shows_the_vllm_command_as_typed_from_the_repository(bench: M
     assert "--model server/models/tiny-multilingual " in shown and "/tmp/" not in shown
 
 
-def test_vllms_per_request_figures_follow_its_own_definitions(bench: ModuleType) -> None:
+def test_vllms_per_request_figures_follow_its_own_definitions() -> None:
     result = bench.VllmBenchResult.model_validate(vllm_result(
         ttfts=[0.02, 0.05, None, 0.01], latencies=[0.21, 0.05, None, 0.5], output_lens=[20, 1, 0, 50],
         errors=["", "", "timeout", ""]))
@@ -242,7 +239,7 @@ def test_vllms_per_request_figures_follow_its_own_definitions(bench: ModuleType)
     assert tpots == pytest.approx([10.0, 10.0])  # (E2E - TTFT) / (n - 1); none for one token
 
 
-def test_a_together_pair_gives_each_client_its_p95_over_both_halves(bench: ModuleType) -> None:
+def test_a_together_pair_gives_each_client_its_p95_over_both_halves() -> None:
     # Each half: one client's share of the requests; the pair's p95 is over all of them.
     halves = [([float(v) for v in range(1, 51)], [5.0] * 50), ([float(v) for v in range(51, 101)], [7.0] * 50)]
     sent = [bench.RunFigures(client="ours", run=1, ttft_p95_ms=None, tpot_p95_ms=None, requests=50, completed=50,
@@ -254,13 +251,13 @@ def test_a_together_pair_gives_each_client_its_p95_over_both_halves(bench: Modul
     assert pair.tpot_p95_ms == pytest.approx(7.0) and pair.offered_rps == pytest.approx(2.5)
     # Together runs are compared among themselves, never with one-at-a-time runs.
     theirs = pair.model_copy(update={"client": "vllm", "ttft_p95_ms": pair.ttft_p95_ms * 2})
-    alone = runs(bench, ours=[(400.0, 20.0)], theirs=[(500.0, 20.0)])
+    alone = runs(ours=[(400.0, 20.0)], theirs=[(500.0, 20.0)])
     compared = bench.compare([*alone, pair, theirs], "together")
     assert compared["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.5])
     assert bench.compare([*alone, pair, theirs])["ttft_p95_ms"]["paired_ratios"] == pytest.approx([0.8])
 
 
-def test_vllms_send_lag_is_read_against_the_files_schedule(bench: ModuleType) -> None:
+def test_vllms_send_lag_is_read_against_the_files_schedule() -> None:
     # Sends at 0, 0.5, 1.02, 1.5 s (perf_counter from 1000) of a schedule 0, 0.5, 1.0, 1.5 s.
     result = bench.VllmBenchResult.model_validate(vllm_result(start_times=[1000.0, 1000.5, 1001.02, 1001.5]))
     lag = bench.vllm_send_lag_p99_ms(result, [0.0, 500.0, 1000.0, 1500.0])
@@ -271,7 +268,7 @@ def test_vllms_send_lag_is_read_against_the_files_schedule(bench: ModuleType) ->
     assert bench.vllm_figures(result, 1).send_lag_p99_ms is None  # poisson: vLLM's own schedule
 
 
-def test_a_runs_p95_comes_with_how_far_another_draw_could_move_it(bench: ModuleType) -> None:
+def test_a_runs_p95_comes_with_how_far_another_draw_could_move_it() -> None:
     rng = np.random.default_rng(1)
     few, many = rng.exponential(100.0, 60), rng.exponential(100.0, 6000)
     low, high = bench.p95_interval(list(few))
@@ -282,8 +279,8 @@ def test_a_runs_p95_comes_with_how_far_another_draw_could_move_it(bench: ModuleT
     assert bench.p95_interval([5.0]) is None
 
 
-def test_the_reading_sets_the_gap_against_each_clients_own_noise(bench: ModuleType) -> None:
-    table = runs(bench, ours=[(400.0, 20.0), (1600.0, 22.0), (800.0, 30.0)],
+def test_the_reading_sets_the_gap_against_each_clients_own_noise() -> None:
+    table = runs(ours=[(400.0, 20.0), (1600.0, 22.0), (800.0, 30.0)],
                  theirs=[(1200.0, 20.0), (500.0, 20.0), (900.0, 20.0)])
     table = [r.model_copy(update={"ttft_p95_interval": (0.8 * r.ttft_p95_ms, 1.1 * r.ttft_p95_ms)}) for r in table]
     lines = bench.reading(table, bench.compare(table), None)
@@ -308,7 +305,7 @@ raise SystemExit(3)
 """
 
 
-def test_a_vllm_run_counts_the_cpu_of_its_main_run_only(bench: ModuleType, tmp_path: Path) -> None:
+def test_a_vllm_run_counts_the_cpu_of_its_main_run_only(tmp_path: Path) -> None:
     import asyncio
     import sys
 
@@ -324,8 +321,7 @@ def test_a_vllm_run_counts_the_cpu_of_its_main_run_only(bench: ModuleType, tmp_p
     assert log.startswith("importing vLLM") and "Serving Benchmark Result" in log
 
 
-def test_a_vllm_process_that_never_starts_its_run_is_reported_with_its_last_lines(bench: ModuleType,
-                                                                                 tmp_path: Path) -> None:
+def test_a_vllm_process_that_never_starts_its_run_is_reported_with_its_last_lines(tmp_path: Path) -> None:
     import asyncio
     import sys
 
@@ -335,7 +331,7 @@ def test_a_vllm_process_that_never_starts_its_run_is_reported_with_its_last_line
         asyncio.run(vllm.start())
 
 
-def test_the_servers_own_counters_over_a_run_stand_beside_the_clients(bench: ModuleType) -> None:
+def test_the_servers_own_counters_over_a_run_stand_beside_the_clients() -> None:
     from autotune.measure.scraper import parse_metrics
 
     def scrape(prompt: float, generated: float, done: float) -> str:
@@ -343,7 +339,7 @@ def test_the_servers_own_counters_over_a_run_stand_beside_the_clients(bench: Mod
                 f'vllm:request_success_total{{finished_reason="length"}} {done}\n')
 
     before, after = parse_metrics(scrape(1000, 500, 10)), parse_metrics(scrape(8416, 8921, 130))
-    run = runs(bench, ours=[(400.0, 20.0)], theirs=[(500.0, 20.0)])[0]
+    run = runs(ours=[(400.0, 20.0)], theirs=[(500.0, 20.0)])[0]
     seen = bench.with_server_view(run, before, after)
     assert (seen.server_prompt_tokens, seen.server_generation_tokens, seen.server_requests) == (7416, 8421, 120)
     assert seen.ttft_p95_ms == run.ttft_p95_ms and seen.server_ttft_p95_ms is None  # no histogram scraped

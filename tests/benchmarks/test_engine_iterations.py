@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCHMARK = "engine_iterations"  # imported by the `bench` fixture (conftest)
+from benchmarks import engine_iterations as bench
 
 # The two layouts as vLLM writes them: 0.24 (the GPU kit) logs from the engine core's process,
 # 0.32 (the CPU build) from the front end's stat logger, with the KV cache after the time.
@@ -38,7 +37,7 @@ def write_log(path: Path, line: str, per_second: list[tuple[int, int]]) -> Path:
     return path
 
 
-def test_both_vllm_layouts_are_read_plain_or_gzipped(bench: ModuleType, tmp_path: Path) -> None:
+def test_both_vllm_layouts_are_read_plain_or_gzipped(tmp_path: Path) -> None:
     old = bench.Iterations(write_log(tmp_path / "a.log.gz", LINE_024, [(20, 40), (30, 40)]))
     new = bench.Iterations(write_log(tmp_path / "b.log", LINE_032, [(20, 40)]))
     assert len(old) == 50 and len(new) == 20
@@ -46,8 +45,7 @@ def test_both_vllm_layouts_are_read_plain_or_gzipped(bench: ModuleType, tmp_path
     assert old.ctx_tokens.sum() == 2 * 512
 
 
-def test_the_report_sets_iterations_per_second_side_by_side_at_equal_batch(bench: ModuleType,
-                                                                           tmp_path: Path) -> None:
+def test_the_report_sets_iterations_per_second_side_by_side_at_equal_batch(tmp_path: Path) -> None:
     # One launch iterates half as often at a batch of 40 as the other, and only it reached 300.
     fast = write_log(tmp_path / "fast.log", LINE_024, [(200, 40), (200, 40)])
     slow = write_log(tmp_path / "slow.log", LINE_024, [(100, 40), (100, 40), (30, 300)])
@@ -58,7 +56,7 @@ def test_the_report_sets_iterations_per_second_side_by_side_at_equal_batch(bench
     assert "| 257-512 | - | 30 (1) |" in per_second
 
 
-def test_a_log_without_iteration_lines_is_a_one_line_error(bench: ModuleType, tmp_path: Path,
+def test_a_log_without_iteration_lines_is_a_one_line_error(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "server.log"
     empty.write_text("INFO nothing to see\n")

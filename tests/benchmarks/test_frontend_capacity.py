@@ -4,14 +4,12 @@ No engine runs here."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import pytest
 
-BENCHMARK = "frontend_capacity"  # benchmarks/frontend_capacity.py, imported by the `bench` fixture (conftest)
+from benchmarks import frontend_capacity as bench
 
 
-def test_a_column_names_its_server_and_its_engine_changes(bench: ModuleType) -> None:
+def test_a_column_names_its_server_and_its_engine_changes() -> None:
     column = bench.parse_column("ours:4+max_num_batched_tokens=512+enable_prefix_caching=false")
     assert (column.kind, column.count) == ("ours", 4)
     assert column.engine == {"max_num_batched_tokens": 512, "enable_prefix_caching": False}
@@ -25,7 +23,7 @@ def test_a_column_names_its_server_and_its_engine_changes(bench: ModuleType) -> 
     ("ours:0", "expected in_process, ours:N or vllm:N (N >= 1)"),
     ("sglang:1", "expected in_process, ours:N or vllm:N (N >= 1)"),
 ])
-def test_a_bad_column_is_refused_in_one_line(bench: ModuleType, text: str, why: str) -> None:
+def test_a_bad_column_is_refused_in_one_line(text: str, why: str) -> None:
     with pytest.raises(SystemExit) as refused:
         bench.parse_column(text)
     message = str(refused.value)
@@ -33,7 +31,7 @@ def test_a_bad_column_is_refused_in_one_line(bench: ModuleType, text: str, why: 
     assert "\n" not in message
 
 
-def test_engine_changes_are_compared_with_the_first_column_round_by_round(bench: ModuleType) -> None:
+def test_engine_changes_are_compared_with_the_first_column_round_by_round() -> None:
     columns = [bench.parse_column(text) for text in ("ours:1", "ours:1+max_num_seqs=512", "vllm:1")]
     rows = [
         {"round": 1, "column": "ours:1", "capacity_rps": 100.0},
@@ -50,7 +48,7 @@ def test_engine_changes_are_compared_with_the_first_column_round_by_round(bench:
     assert any("ours:1+max_num_seqs=512" in line and "1.5, 1" in line for line in lines)
 
 
-def test_each_launch_is_compared_with_the_in_process_launch_of_its_own_round(bench: ModuleType) -> None:
+def test_each_launch_is_compared_with_the_in_process_launch_of_its_own_round() -> None:
     # The in-process reference moves between launches (here 400 then 300 req/s): a launch's
     # share is taken against its own round's reference, never against another round's.
     rows = [
@@ -65,7 +63,7 @@ def test_each_launch_is_compared_with_the_in_process_launch_of_its_own_round(ben
 
 
 @pytest.mark.slow
-def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_path) -> None:
+def test_several_ladders_run_back_to_back_in_one_launch(tmp_path) -> None:
     """`--ladders 2 --settle alternate`: one server start, two ladders, each kept, the first
     waiting on the gauges alone between steps, the second for an idle probe too; the report
     sets the spread within the launch against that between launches (a fake server: no engine)."""
@@ -108,7 +106,7 @@ def test_several_ladders_run_back_to_back_in_one_launch(bench: ModuleType, tmp_p
     assert "between the launches' medians (11, 14): 0.24" in line
 
 
-def test_ladders_with_and_without_the_idle_probe_are_set_side_by_side(bench: ModuleType) -> None:
+def test_ladders_with_and_without_the_idle_probe_are_set_side_by_side() -> None:
     rows = [{"round": 1, "column": "vllm:1", "settle": k % 2 == 1, "capacity_rps": value}
             for k, value in enumerate((120.0, 250.0, 140.0, 260.0))]
     compared, lines = bench.settle_comparison(rows)
@@ -117,7 +115,7 @@ def test_ladders_with_and_without_the_idle_probe_are_set_side_by_side(bench: Mod
     assert any(line.startswith("| vllm:1 | 120, 140 | 250, 260 |") for line in lines)
 
 
-def test_ours_is_judged_against_its_twins_with_the_same_front_ends_and_engine_changes(bench: ModuleType) -> None:
+def test_ours_is_judged_against_its_twins_with_the_same_front_ends_and_engine_changes() -> None:
     rows = [
         {"round": 1, "column": "ours:4+max_num_batched_tokens=512", "capacity_rps": 200.0, "lag_p99_ms": 2.0},
         {"round": 1, "column": "vllm:4+max_num_batched_tokens=512", "capacity_rps": 250.0, "lag_p99_ms": 3.0},
@@ -138,7 +136,7 @@ def test_ours_is_judged_against_its_twins_with_the_same_front_ends_and_engine_ch
     assert lag.measured == 6.0 and lag.met is False
 
 
-def test_a_plain_column_without_its_twin_says_not_measured(bench: ModuleType) -> None:
+def test_a_plain_column_without_its_twin_says_not_measured() -> None:
     _, _, goals = bench.issue_goals([{"round": 1, "column": "ours:4", "capacity_rps": 200.0, "lag_p99_ms": 2.0}])
     assert [(g.name, g.met) for g in goals if " capacity / " in g.name] == [
         ("ours:4 capacity / in_process", None), ("ours:4 capacity / vllm:4", None)]

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from types import ModuleType
 
 import pytest
 
 from autotune.measure.ladder import LadderSettings, LoadLadder
 from autotune.measure.scraper import MetricsSnapshot
+from benchmarks import inprocess_ladder as bench
 from server.engine import Delta, Generation
 from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
-
-BENCHMARK = "inprocess_ladder"  # benchmarks/inprocess_ladder.py, imported by the `bench` fixture (conftest)
 
 
 class StandInEngine:
@@ -70,7 +68,7 @@ def window(n: int, spacing_ms: float, output_length: int = 5) -> Trace:
     )
 
 
-def test_records_carry_the_engine_s_tokens_and_timings(bench: ModuleType) -> None:
+def test_records_carry_the_engine_s_tokens_and_timings() -> None:
     engine = StandInEngine()
     trace = window(12, 5.0, output_length=6)
     run = bench.InProcessRun(engine, trace, ReplayOptions(slos=[parse_slo("ttft_p95_ms=5000")],
@@ -86,7 +84,7 @@ def test_records_carry_the_engine_s_tokens_and_timings(bench: ModuleType) -> Non
     assert result.summary.completed == 12 and result.summary.failed == 0
 
 
-def test_an_engine_error_is_a_failed_request_not_a_crash(bench: ModuleType) -> None:
+def test_an_engine_error_is_a_failed_request_not_a_crash() -> None:
     engine = StandInEngine(fail_every=3)
     run = bench.InProcessRun(engine, window(9, 5.0), ReplayOptions(timeout_s=30, prompts=PromptFactory(seed=1)))
     result = asyncio.run(run.run())
@@ -96,7 +94,7 @@ def test_an_engine_error_is_a_failed_request_not_a_crash(bench: ModuleType) -> N
 
 
 @pytest.mark.slow
-def test_a_stop_from_the_ladder_cancels_what_is_in_flight(bench: ModuleType) -> None:
+def test_a_stop_from_the_ladder_cancels_what_is_in_flight() -> None:
     engine = StandInEngine(token_s=0.05)  # 40 tokens: 2 s per request
     stops: list[float] = []
 
@@ -113,7 +111,7 @@ def test_a_stop_from_the_ladder_cancels_what_is_in_flight(bench: ModuleType) -> 
 
 
 @pytest.mark.slow
-def test_the_ladder_finds_a_capacity_in_process(bench: ModuleType) -> None:
+def test_the_ladder_finds_a_capacity_in_process() -> None:
     """The trial's own ladder on the stand-in: slow steps fail on TTFT, light ones pass, and
     the capacity lies between them, bracketed."""
     # One slot, 8 tokens of 25 ms: 5 req/s at most, whatever the machine's load adds. At x1

@@ -4,11 +4,10 @@ capacity of 5x the recorded rate, found by both rules, with the overshoot each o
 from __future__ import annotations
 
 from autotune.measure.ladder import LadderSettings
+from benchmarks import ladder_search as bench
 
-BENCHMARK = "ladder_search"  # benchmarks/ladder_search.py, imported by the `bench` fixture (conftest)
 
-
-def test_both_rules_find_the_cliff_and_only_the_capped_one_stays_within_twice_it(bench) -> None:
+def test_both_rules_find_the_cliff_and_only_the_capped_one_stays_within_twice_it() -> None:
     capped = bench.search(LadderSettings(), 5.0)
     squared = bench.search(LadderSettings(max_step_factor=1e12), 5.0)
     assert capped["bracketed"] and squared["bracketed"]
@@ -19,6 +18,6 @@ def test_both_rules_find_the_cliff_and_only_the_capped_one_stays_within_twice_it
     assert bench.search(LadderSettings(), 9.0)["overshoot"] <= 2.0
 
 
-def test_a_hinted_ladder_far_below_its_cliff_still_climbs_to_it(bench) -> None:
+def test_a_hinted_ladder_far_below_its_cliff_still_climbs_to_it() -> None:
     run = bench.search(LadderSettings().hinted(0.5), 40.0)
     assert run["bracketed"] and run["overshoot"] <= 2.0

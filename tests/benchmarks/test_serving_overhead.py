@@ -4,14 +4,12 @@ compared with in_process and with its kind without changes. No engine runs here.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import pytest
 
-BENCHMARK = "serving_overhead"  # benchmarks/serving_overhead.py, imported by the `bench` fixture (conftest)
+from benchmarks import serving_overhead as bench
 
 
-def test_a_column_names_its_kind_and_its_engine_changes(bench: ModuleType) -> None:
+def test_a_column_names_its_kind_and_its_engine_changes() -> None:
     columns = bench.parse_columns("in_process, our_server+stream_interval=4,vllm_serve+max_num_seqs=8"
                                   "+enable_prefix_caching=false,our_server_equal")
     assert [(c.label, c.kind, c.engine) for c in columns] == [
@@ -29,7 +27,7 @@ def test_a_column_names_its_kind_and_its_engine_changes(bench: ModuleType) -> No
     ("our_server+=4", "our_server+=4", "'=4' is not KEY=VALUE"),
     ("our_server,our_server", "our_server", "given twice"),
 ])
-def test_a_bad_column_is_refused_in_one_line(bench: ModuleType, text: str, label: str, why: str) -> None:
+def test_a_bad_column_is_refused_in_one_line(text: str, label: str, why: str) -> None:
     with pytest.raises(SystemExit) as refused:
         bench.parse_columns(text)
     message = str(refused.value)
@@ -37,7 +35,7 @@ def test_a_bad_column_is_refused_in_one_line(bench: ModuleType, text: str, label
     assert "\n" not in message
 
 
-def test_changed_columns_are_compared_with_in_process_and_their_plain_kind(bench: ModuleType) -> None:
+def test_changed_columns_are_compared_with_in_process_and_their_plain_kind() -> None:
     columns = bench.parse_columns("in_process,our_server,our_server+stream_interval=4,"
                                   "our_server+stream_interval=16,in_process+max_num_seqs=8")
     assert bench.ratio_pairs(columns) == [
@@ -53,7 +51,7 @@ def test_changed_columns_are_compared_with_in_process_and_their_plain_kind(bench
         ("our_server+stream_interval=4", "in_process")]
 
 
-def test_a_changed_column_has_its_row_and_its_ratios_in_the_tables(bench: ModuleType) -> None:
+def test_a_changed_column_has_its_row_and_its_ratios_in_the_tables() -> None:
     columns = bench.parse_columns("in_process,our_server+stream_interval=4")
 
     def session(column: str, round_index: int, rps: float) -> dict:
@@ -76,7 +74,7 @@ def test_a_changed_column_has_its_row_and_its_ratios_in_the_tables(bench: Module
     assert any('our_server+stream_interval=4: {"stream_interval": 4}' in note for note in bench.notes_for(sessions))
 
 
-def test_cpu_per_request_is_reported_by_process_role(bench: ModuleType) -> None:
+def test_cpu_per_request_is_reported_by_process_role() -> None:
     # 100 requests in 2 s per repeat: the engine core's 1.5 CPU-seconds are 15 ms a request.
     def repeat(client_s: float) -> dict:
         return {"requests_per_s": 50.0, "seconds": 2.0,
