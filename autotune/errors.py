@@ -1,7 +1,7 @@
 """Errors a user can cause with tuner options, and the exit codes scripts may rely on.
 
 Exit codes of `autotune run`, `retune`, `worker` and `finalize` (stable; `retune` adds its
-own outcome codes 3, 10 and 11, see autotune.retune):
+own outcome codes 3, 10 and 11, see autotune.cli.retune):
 
     0    done: best.yaml written (a better config was validated, or the baseline was kept
          and its measured standing reported)
@@ -59,17 +59,12 @@ class HelpFormatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
-def add_command(
-    subparsers: argparse._SubParsersAction, name: str, *, help: str, description: str
-) -> argparse.ArgumentParser:
-    """A subcommand's parser, ending its --help with the exit statuses as `autotune --help` does."""
-    return subparsers.add_parser(
-        name,
-        help=help,
-        description=description,
-        epilog=EXIT_CODES_HELP,
-        formatter_class=HelpFormatter,
-    )
+def describe_command(parser: argparse.ArgumentParser, description: str) -> None:
+    """Gives a tuner command's parser its description, its --help ending with the exit
+    statuses as `autotune --help` does."""
+    parser.description = description
+    parser.epilog = EXIT_CODES_HELP
+    parser.formatter_class = HelpFormatter
 
 
 class AutotuneError(VllmAutotuneError):

@@ -82,7 +82,7 @@ class TuningRequest(BaseModel):
     max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
     client_cpus: str = "auto"  # autotune.measure.cpu_split.CpuSplit.resolve
     fork_servers: Literal["on", "off"] = "on"  # autotune.pipeline.build_runner
-    fork_server_socket: Path | None = None  # a shared fork server: autotune.fork_server_cli
+    fork_server_socket: Path | None = None  # a shared fork server: autotune.cli.fork_server
     seed: int = 0
     tuning_window_s: float = DEFAULT_TUNING_S
     holdout_window_s: float = DEFAULT_HOLDOUT_S

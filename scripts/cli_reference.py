@@ -3,8 +3,9 @@
     .venv/bin/python scripts/cli_reference.py           # rewrite docs/reference/cli.md
     .venv/bin/python scripts/cli_reference.py --check   # exit 1 when the committed file differs
 
-The help comes from the real parsers (`autotune.cli.build_parser`), formatted at a fixed width
-so the file is the same on every terminal; no command runs and no engine starts.
+The help comes from the real parsers (`autotune.cli.build_parser`, every command's flags
+added), formatted at a fixed width so the file is the same on every terminal; no command runs
+and no engine starts.
 tests/test_cli_reference.py fails when the committed file is not what this writes.
 """
 
@@ -54,7 +55,7 @@ def render() -> str:
     os.environ["COLUMNS"] = str(WIDTH)
     os.environ["NO_COLOR"] = "1"
     try:
-        commands = list(_walk(build_parser(), "autotune"))
+        commands = list(_walk(build_parser(complete=True), "autotune"))
         sections = [HEADER]
         sections.append("\n".join(f"- [`{name}`](#{_anchor(name)})" for name, _ in commands) + "\n")
         for name, parser in commands:

@@ -73,9 +73,9 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
+from autotune.cli.flags import CLIENT_LAG_ENV, FORK_SERVER_SOCKET_ENV
 from autotune.measure.forkserver import ForkServer
 from autotune.measure.server_start import IPC_ENV, SERVER_NICE, renice_autogroup
-from autotune.measure_flags import CLIENT_LAG_ENV, FORK_SERVER_SOCKET_ENV
 from server.vllm_facts import CACHE_DIR_ENV
 from workloads.files import write_text_atomic
 

@@ -43,8 +43,8 @@ def test_a_changed_help_text_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     real = autotune.cli.build_parser
 
-    def with_one_help_changed() -> argparse.ArgumentParser:
-        parser = real()
+    def with_one_help_changed(*, complete: bool = False) -> argparse.ArgumentParser:
+        parser = real(complete=True)
         run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
         next(a for a in run._actions if "--trials" in a.option_strings).help = "a help text nobody wrote"
         return parser

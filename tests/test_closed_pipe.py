@@ -71,28 +71,24 @@ def subcommand_names() -> list[str]:
     return sorted(action.choices)
 
 
-ENTRY_POINTS = {
-    "autotune": [sys.executable, "-m", "autotune"],
-    "workloads": [sys.executable, "-m", "workloads.cli"],
-}
+AUTOTUNE = [sys.executable, "-m", "autotune"]
 
 
-@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 @pytest.mark.parametrize(
     "name", ["profile", "profile --json", "window", "drift", "convert", "generate"]
 )
 def test_a_command_whose_reader_is_gone_exits_141_quietly(
-    entry: str, name: str, trace_file: Path, tmp_path: Path
+    name: str, trace_file: Path, tmp_path: Path
 ) -> None:
     args = commands(trace_file, tmp_path)[name]
-    code, stderr = run_with_reader_gone(ENTRY_POINTS[entry] + args, ROOT)
+    code, stderr = run_with_reader_gone(AUTOTUNE + args, ROOT)
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception" not in stderr
     assert code == EXIT_CLOSED_PIPE, stderr
 
 
 @pytest.mark.parametrize("name", ["", *subcommand_names()])
 def test_every_commands_help_ends_quietly(name: str) -> None:
-    code, stderr = run_with_reader_gone(ENTRY_POINTS["autotune"] + [name, "--help"][not name:], ROOT)
+    code, stderr = run_with_reader_gone(AUTOTUNE + [name, "--help"][not name:], ROOT)
     # argparse itself ignores a failed write of a help longer than the buffer (exit 0);
     # what stays buffered fails at our flush (141). Before, that flush came at exit: exit 120
     # and "Exception ignored ... BrokenPipeError".
@@ -101,7 +97,7 @@ def test_every_commands_help_ends_quietly(name: str) -> None:
 
 
 def test_profile_into_head_prints_one_line_and_no_traceback(trace_file: Path) -> None:
-    code, stderr, shown = run_into_head(ENTRY_POINTS["autotune"] + ["profile", str(trace_file)], ROOT)
+    code, stderr, shown = run_into_head(AUTOTUNE + ["profile", str(trace_file)], ROOT)
     assert shown.count(b"\n") == 1
     # Whether the command was still writing when head left is up to the scheduler.
     assert code in (0, EXIT_CLOSED_PIPE)
@@ -110,7 +106,7 @@ def test_profile_into_head_prints_one_line_and_no_traceback(trace_file: Path) ->
 
 def test_an_error_message_still_reaches_a_live_stderr(tmp_path: Path) -> None:
     code, stderr = run_with_reader_gone(
-        ENTRY_POINTS["autotune"] + ["profile", str(tmp_path / "missing.jsonl")], ROOT
+        AUTOTUNE + ["profile", str(tmp_path / "missing.jsonl")], ROOT
     )
     assert code == 2
     assert stderr.strip() == f"autotune: error: {tmp_path / 'missing.jsonl'}: no such trace file"

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.cli.flags import fork_server_socket
 from autotune.measure.forkserver import ForkServers
-from autotune.measure_flags import fork_server_socket
 
 BLOCK_TOKENS = 512
 LONGEST_PROMPT = 191_000

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.cli.flags import CLIENT_LAG_ENV, add_measurement_flags, measurement_fields
 from autotune.measure.ladder import LadderSettings, LoadLadder, client_fell_behind, offered_rate
 from autotune.measure.scraper import MetricsSnapshot
 from autotune.measure.trial import TrialRunner
-from autotune.measure_flags import CLIENT_LAG_ENV, add_measurement_flags, measurement_fields
 from server.config import ServerConfig
 from workloads.errors import WorkloadError
 from workloads.replay import ReplayOptions

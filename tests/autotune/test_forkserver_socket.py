@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.cli.flags import FORK_SERVER_SOCKET_ENV
 from autotune.measure.forkserver import ForkServerSocketError, claim_socket_path
-from autotune.measure_flags import FORK_SERVER_SOCKET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"

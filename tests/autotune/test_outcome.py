@@ -15,8 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import retune
-from autotune.cli import build_parser
+from autotune.cli import build_parser, retune
 from autotune.distributed import WorkerIdentity, connect, create_shared_study, finalize, run_worker
 from autotune.errors import NothingMeasured
 from autotune.measure.trial import TrialOutcome, TrialTiming

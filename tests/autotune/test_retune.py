@@ -14,8 +14,8 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune import retune
-from autotune.cli import USER_ERRORS, build_parser
+from autotune.cli import build_parser, retune
+from autotune.cli.exit_status import USER_ERRORS
 from autotune.decide.capacity_check import CHECK_FILE
 from autotune.errors import NothingMeasured
 from autotune.measure.ladder import CapacityResult, LadderStep, recorded_rate

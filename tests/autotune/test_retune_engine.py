@@ -9,13 +9,12 @@ test_autotune_run_reports_the_baselines_capacity_and_headroom (the same TrialRun
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import optuna
 import pytest
 
-from autotune import retune
+from autotune.cli import build_parser, retune
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.synthetic import TranslationSpec, translation
@@ -56,9 +55,7 @@ def test_drifted_traffic_publishes_a_config_that_beat_the_deployed_one(tmp_path:
     space.write_text(
         "extend_defaults: false\nparams:\n  max_num_seqs: {type: categorical, choices: [1, 32]}\n"
     )
-    parser = argparse.ArgumentParser()
-    retune.register(parser.add_subparsers())
-    args = parser.parse_args(
+    args = build_parser().parse_args(
         [
             "retune",
             "--current",

@@ -98,17 +98,15 @@ def test_durations_read_and_print_like_people_write_them() -> None:
 def test_a_user_s_run_writes_to_an_ignored_folder_by_default(study: str) -> None:
     """Whatever the study is called, its default folder is one git ignores: a user's run (or
     ours) never ends up tracked by accident."""
-    import argparse
     import shutil
 
-    from autotune.run_cli import register, run_request
+    from autotune.cli import build_parser
+    from autotune.cli.run import run_request
 
     git = shutil.which("git")
     assert git is not None, "git is needed to ask what the repository ignores"
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["run", "--workload", SAMPLE, "--study-name", study])
+    args = build_parser().parse_args(["run", "--workload", SAMPLE, "--study-name", study])
     output_dir = run_request(args).output_dir
     assert output_dir == Path("runs") / study
     for name in ("best.yaml", "report.md", "study.db", "trials/trial-0000/server.log"):

@@ -152,8 +152,8 @@ def test_autotune_runs_space_contains_the_baseline_vllm_resolves(tmp_path: Path,
     """Through `autotune run`'s preparation (vLLM resolves the baseline's defaults): the space
     the study searches holds the baseline's every knob, so no move has to clamp one."""
     from autotune.cli import build_parser
+    from autotune.cli.run import run_request
     from autotune.prepare import prepare_plan
-    from autotune.run_cli import run_request
 
     baseline = tmp_path / "baseline.yaml"
     baseline.write_text(f"max_num_seqs: {seqs}\n")

@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autotune.cli.flags import fork_server_socket
 from autotune.measure.forkserver import ForkedServer, ForkServers
 from autotune.measure.server_start import free_port, yield_cpu_to_clients
-from autotune.measure_flags import fork_server_socket
 from server.config import (
     RecorderSettings,
     ServerConfig,

@@ -102,7 +102,7 @@ def test_config_yaml_accepts_a_bom(tmp_path: Path) -> None:
 def test_the_shared_bom_trace_profiles_with_every_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from workloads.cli import main
+    from autotune.cli import main
 
     case = CASES / "trace-with-bom.jsonl"
     if not case.is_file():

@@ -261,7 +261,7 @@ def test_a_failed_request_misses_every_slo_of_the_run(echo: str) -> None:
 
 
 def test_slo_lines_state_what_they_were_judged_over() -> None:
-    from workloads.replay_cli import format_summary
+    from workloads.replay_output import format_summary
 
     def answered(index: int, ttft_ms: float) -> RequestRecord:
         return RequestRecord(index=index, scheduled_s=0, sent_s=0, lag_ms=0, input_tokens=8,

@@ -385,13 +385,9 @@ def test_replay_result_writes_records_and_summary(echo: str, tmp_path: Path) -> 
 
 
 def cli(argv: list[str]) -> int:
-    import argparse
+    from autotune.cli import build_parser
 
-    from workloads import replay_cli
-
-    parser = argparse.ArgumentParser(prog="autotune")
-    replay_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from workloads.cli import main as workloads_main
+from autotune.cli import main as autotune_main
 from workloads.profile import burstiness_cv, profile_trace
 from workloads.synthetic import TranslationSpec, arrival_times_ms, like, translation
 from workloads.trace import Trace
@@ -89,5 +89,5 @@ def test_translation_traffic_shape() -> None:
 def test_shipped_sample_is_reproducible(tmp_path: Path) -> None:
     # The command recorded in workloads/samples/README.md.
     out = tmp_path / "sample.jsonl"
-    assert workloads_main(["generate", str(out), "--duration-s", "600", "--seed", "0"]) == 0
+    assert autotune_main(["generate", str(out), "--duration-s", "600", "--seed", "0"]) == 0
     assert out.read_bytes() == SAMPLE.read_bytes()

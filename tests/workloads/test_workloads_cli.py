@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workloads.cli import main as workloads_main
+from autotune.cli import main as autotune_main
 from workloads.profile import profile_trace
 from workloads.synthetic import TranslationSpec, translation
 from workloads.trace_io import load_trace, write_trace
@@ -18,21 +17,10 @@ from workloads.trace_io import load_trace, write_trace
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _entry_points() -> list[Callable[[list[str]], int]]:
-    entries: list[Callable[[list[str]], int]] = [workloads_main]
-    # The full `autotune` CLI also imports the tuner's and the replayer's commands.
-    if importlib.util.find_spec("autotune.run_cli") and importlib.util.find_spec(
-        "workloads.replay_cli"
-    ):
-        from autotune.cli import main as autotune_main
-
-        entries.append(autotune_main)
-    return entries
-
-
-@pytest.fixture(params=_entry_points(), ids=lambda f: f.__module__)
-def cli(request: pytest.FixtureRequest) -> Callable[[list[str]], int]:
-    return request.param
+@pytest.fixture
+def cli() -> Callable[[list[str]], int]:
+    """The traffic commands as `autotune` runs them (autotune.cli: bad input exits 2)."""
+    return autotune_main
 
 
 def test_convert_then_profile(cli, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,25 +11,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autotune.errors import AutotuneError, add_command
+from autotune.errors import AutotuneError, describe_command
 from autotune.measure.forkserver import ForkServer
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    command = add_command(
-        subparsers,
-        "fork-server",
-        help="import vLLM once for every tuner of this host (they connect with --fork-server-socket)",
-        description=(
+def configure(parser: argparse.ArgumentParser) -> None:
+    """`autotune fork-server`'s description and flags."""
+    describe_command(
+        parser,
+        (
             "Start a fork server listening on a Unix socket and keep it until Ctrl-C or SIGTERM. "
             "`autotune run|retune --fork-server-socket PATH` (or AUTOTUNE_FORK_SERVER_SOCKET=PATH) "
             "then forks each trial server from it instead of importing vLLM in a fork server of "
             "its own, where the tuner's environment is the one this command was started in."
         ),
     )
-    command.add_argument("--socket", type=Path, required=True, metavar="PATH",
-                         help="the Unix socket to listen on (a stale one is replaced)")
-    command.set_defaults(func=fork_server_command)
+    parser.add_argument("--socket", type=Path, required=True, metavar="PATH",
+                        help="the Unix socket to listen on (a stale one is replaced)")
+    parser.set_defaults(func=fork_server_command)
 
 
 def fork_server_command(args: argparse.Namespace) -> int:

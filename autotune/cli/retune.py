@@ -42,12 +42,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.cli.flags import add_measurement_flags, measurement_fields
 from autotune.decide.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
 from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
-from autotune.errors import AutotuneError, add_command
+from autotune.errors import AutotuneError, describe_command
 from autotune.measure.server_registry import reap_stale_servers
 from autotune.measure.servers import add_server_flags, deployed_server, trial_server
-from autotune.measure_flags import add_measurement_flags, measurement_fields
 from autotune.plan import (
     DEFAULT_HEADROOM,
     DEFAULT_TRIALS,
@@ -60,7 +60,7 @@ from server.config import ServerConfig
 from workloads.trace_io import TraceWarning, write_trace
 
 # Optuna, SciPy (drift, profiles) and the measuring stack are imported inside the functions
-# that use them: `autotune --help` registers this command's flags and needs none of them.
+# that use them: `autotune retune --help` needs none of them.
 if TYPE_CHECKING:
     from autotune.decide.capacity_check import CapacityCheck, PremeasuredRunner
 
@@ -70,12 +70,11 @@ EXIT_DRY_RUN_DRIFT = 3  # as `autotune drift`
 DEFAULT_WARM_START = 4
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = add_command(
-        subparsers,
-        "retune",
-        help="re-tune the deployed config if the traffic drifted (exit 10: new best.yaml)",
-        description=(
+def configure(parser: argparse.ArgumentParser) -> None:
+    """`autotune retune`'s description and flags."""
+    describe_command(
+        parser,
+        (
             "Check the current traffic for drift against the deployed config's tuning traffic; "
             "if it drifted (or with --force), run a study warm-started from the deployed config "
             "and write best-v{N}.yaml + best.yaml only if a config beats the deployed one. "

@@ -1,11 +1,14 @@
-"""The flags `autotune run` and `autotune retune` share: how each config is measured (replay,
-load ladder, server start) and re-checked in the gate, and the request fields they fill.
+"""The flags more than one command takes, defined once so that their spelling, defaults and
+help are the same in each: how each config is measured (replay, load ladder, server start)
+and re-checked in the gate (`run`, `retune`) and the request fields they fill; the shared fork
+server's socket (`run`, `retune`, `worker`, `finalize`); the shared study (`worker`,
+`finalize`).
 
-One definition keeps the two commands' spelling, defaults and help the same. The client-lag
-limit may also come from the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`), for hosts where the
-load client shares its CPUs with other work on purpose (a CI runner, a test suite) and a lagging
-client is expected rather than a measurement to throw away; the flag wins over it. So may the
-shared fork server's socket (`AUTOTUNE_FORK_SERVER_SOCKET`), for every tuner of a host."""
+The client-lag limit may also come from the environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`), for
+hosts where the load client shares its CPUs with other work on purpose (a CI runner, a test
+suite) and a lagging client is expected rather than a measurement to throw away; the flag wins
+over it. So may the shared fork server's socket (`AUTOTUNE_FORK_SERVER_SOCKET`), for every
+tuner of a host."""
 
 from __future__ import annotations
 
@@ -32,6 +35,12 @@ FORK_SERVERS_CHOICES = ("on", "off")
 
 CLIENT_LAG_ENV = "AUTOTUNE_MAX_CLIENT_LAG_MS"
 FORK_SERVER_SOCKET_ENV = "AUTOTUNE_FORK_SERVER_SOCKET"
+
+# A dead worker's trial is failed and re-queued within about a minute; a heartbeat every 10 s
+# costs one tiny UPDATE per running trial.
+HEARTBEAT_INTERVAL_S = 10
+GRACE_PERIOD_S = 60
+MAX_RETRY = 2
 
 
 def add_measurement_flags(add: Any) -> None:
@@ -87,6 +96,29 @@ def add_fork_server_socket_flag(add: Any) -> None:
         help="fork trial servers from the shared fork server listening here (`autotune "
              "fork-server --socket PATH`) where it imported vLLM in this environment, else from "
              "one of our own, where fork servers are on (default: $" + FORK_SERVER_SOCKET_ENV + ")")
+
+
+def add_study_flags(add: Any) -> None:
+    """The shared study's flags (worker, finalize) with `add` (a parser's `add_argument`)."""
+    add("--storage", required=True, metavar="URL",
+        help="the study's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (SQLite: workers "
+             "on one host only)")
+    add("--study", required=True, metavar="NAME",
+        help="the study `autotune run --workers-only --study-name NAME` created")
+    add("--output-dir", type=Path, default=None, metavar="DIR",
+        help="where this process writes (default: runs/NAME/); workers of one host should "
+             "share it, so a surviving worker ends the server of one that died")
+    add("--worker-id", default=None, metavar="ID",
+        help="this worker's name on its host (default: gpuN from CUDA_VISIBLE_DEVICES, else pidN); "
+             "recorded on every trial with the host name")
+    add("--heartbeat-interval", type=int, default=HEARTBEAT_INTERVAL_S, metavar="S",
+        help="seconds between a running trial's heartbeats (default: %(default)s)")
+    add("--grace-period", type=int, default=GRACE_PERIOD_S, metavar="S",
+        help="a running trial without a heartbeat for this long is failed and retried "
+             "(default: %(default)s; use the same on every worker)")
+    add("--max-retry", type=int, default=MAX_RETRY, metavar="N",
+        help="times a lost trial is re-queued (default: %(default)s)")
+    add_fork_server_socket_flag(add)
 
 
 def client_lag_limit(flag_ms: float | None, environ: Mapping[str, str]) -> float | None:
