@@ -144,11 +144,11 @@ def measure(args: argparse.Namespace) -> int:
 
 def measure_capacity(args: argparse.Namespace) -> int:
     from autotune.cli import build_parser
+    from autotune.cli.run import run_request
     from autotune.measure.ladder import recorded_rate
     from autotune.measure.limits import limiting_slo
     from autotune.pipeline import build_runner
     from autotune.prepare import prepare_plan
-    from autotune.run_cli import run_request
     from autotune.search.objective import Objective, evaluate
     from server.engine import effective_settings, resolve_engine_config
 
