@@ -257,6 +257,9 @@ class ServingSettings(BaseModel):
 # (autotune.search.space): the front-end count matters where one event loop cannot keep up
 # with a small model on a GPU (results/benchmarks/frontend_capacity.md).
 SEARCHABLE_SERVING_SETTINGS = frozenset({"api_processes"})
+# vLLM's default for each parallel size (EngineArgs), known without asking vLLM: a config that
+# sets none runs one engine on one device, and a searched topology starts from 1 x 1 x 1.
+PARALLEL_DEFAULTS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1}
 
 
 def snake(key: str) -> str:
@@ -581,11 +584,12 @@ class ServerConfig(BaseModel):
         return self.model_copy(update=update)
 
     def searchable_values(self, effective_defaults: Mapping[str, Any]) -> dict[str, Any]:
-        """What a search space reads of this config: vLLM's `effective_defaults`, the engine
-        arguments it sets on top, and our server's searchable settings."""
+        """What a search space reads of this config: vLLM's `effective_defaults` (and its
+        parallel sizes of 1), the engine arguments it sets on top, and our server's searchable
+        settings."""
         engine = {k: v for k, v in self.engine.items() if v is not None}
         serving = {name: getattr(self.serving, name) for name in sorted(SEARCHABLE_SERVING_SETTINGS)}
-        return {**effective_defaults, **engine, **serving}
+        return {**PARALLEL_DEFAULTS, **effective_defaults, **engine, **serving}
 
     def engine_settings(self) -> dict[str, Any]:
         """The engine arguments as given (snake_case), our `vllm_autotune` section left out."""

@@ -12,6 +12,13 @@ on measured configs to 0 (results/benchmarks/search_fresh_configs.md). During TP
 start the whole config is drawn at once too (TPE would draw one knob at a time, and then only
 the last knob could move: 0-2 launches of a replayed run still went to measured configs; none
 since). Repeats the search asks for on purpose (the gate's, queued moves) do not pass here.
+
+A config the host cannot hold (a topology of more GPUs than it has: `admits` is False,
+autotune.search.topology) is never proposed: it is drawn again like a measured one, then the
+nearest config that fits is taken, measured or not. Such a config is no measurement at all,
+and on a 2-GPU host one of the four TP x DP pairs is one. The fit is judged on every draw,
+also one that fixes only some parameters (TPE draws the ones the baseline set together, the
+rest one by one after): the topology it fixes must fit already, or no later draw could.
 """
 
 from __future__ import annotations
@@ -47,9 +54,17 @@ class FreshConfigSampler(BaseSampler):
     parameter at a time (`sample_independent`, its random start), where the parameter that
     completes the config is the one drawn again."""
 
-    def __init__(self, inner: BaseSampler, engine_values: Callable[[Mapping[str, Any]], dict[str, Any] | None]):
+    def __init__(
+        self,
+        inner: BaseSampler,
+        engine_values: Callable[[Mapping[str, Any]], dict[str, Any] | None],
+        admits: Callable[[Mapping[str, Any]], bool] | None = None,
+    ):
+        """`admits(parameters)`: False for Optuna parameters (all of a config's, or some) that
+        no config can run with on this host (None: every config can)."""
         self.inner = inner
         self.engine_values = engine_values
+        self.admits = admits
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self.inner.infer_relative_search_space(study, trial)
@@ -93,17 +108,24 @@ class FreshConfigSampler(BaseSampler):
         as_config: Callable[[Any], dict[str, Any]],
         nearest: Callable[[Any, Callable[[dict[str, Any]], bool], np.random.Generator], Any],
     ) -> Any:
-        """A draw that does not complete a measured config: up to MAX_DRAWS of them, then the
-        nearest config not measured to the last; the last draw itself when none is left. A
-        queued config's values are given, not sampled: its draw is kept as it is."""
+        """A draw that completes neither a measured config nor one the host cannot hold: up to
+        MAX_DRAWS of them, then the nearest new config that fits to the last, else the nearest
+        that fits (measured again); the last draw itself when none is left. A queued config's
+        values are given, not sampled: its draw is kept as it is."""
         sample = draw()
-        if trial.system_attrs.get("fixed_params") or self.engine_values(as_config(sample)) is None:
+        if trial.system_attrs.get("fixed_params"):
             return sample
+
+        def fits(config: dict[str, Any]) -> bool:
+            return self.admits is None or self.admits(config)
+
+        if self.engine_values(as_config(sample)) is None and fits(as_config(sample)):
+            return sample  # not a whole config yet, and one that fits can still follow
         measured = measured_configs(study, exclude=trial.number)
 
         def is_new(config: dict[str, Any]) -> bool:
             values = self.engine_values(config)
-            return values is None or not any(_same(values, other) for other in measured)
+            return fits(config) and (values is None or not any(_same(values, other) for other in measured))
 
         for _ in range(MAX_DRAWS - 1):
             if is_new(as_config(sample)):
@@ -111,11 +133,18 @@ class FreshConfigSampler(BaseSampler):
             sample = draw()
         if is_new(as_config(sample)):
             return sample
-        other = nearest(sample, is_new, np.random.default_rng(trial.number))
+        rng = np.random.default_rng(trial.number)
+        other = nearest(sample, is_new, rng)
         if other is not None:
-            logger.info("trial %d: TPE drew configs measured before %d times; taking the nearest one "
-                        "not measured, %s", trial.number, MAX_DRAWS, as_config(other))
+            logger.info("trial %d: TPE drew configs measured before or not fitting this host %d times; "
+                        "taking the nearest new one, %s", trial.number, MAX_DRAWS, as_config(other))
             return other
+        if not fits(as_config(sample)):
+            other = nearest(sample, fits, rng)
+            if other is not None:
+                logger.info("trial %d: no new config fits this host near %s; measuring %s again",
+                            trial.number, as_config(sample), as_config(other))
+                return other
         logger.info("trial %d: TPE drew configs measured before %d times and none near %s is left; "
                     "measuring it again", trial.number, MAX_DRAWS, as_config(sample))
         return sample

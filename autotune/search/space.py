@@ -17,8 +17,13 @@ drops or adds parameters and relations:
       - {left: max_num_batched_tokens, op: ">=", right: max_model_len, when: "not enable_chunked_prefill"}
 
 Relations use a tiny grammar (`A OP B [if [not] NAME [OP VALUE]]`, operands are parameter or
-engine-argument names, numbers or true/false): parsed, never evaluated as Python
-(`autotune.search.relations`).
+engine-argument names, numbers, true/false or a product `A * B`): parsed, never evaluated as
+Python (`autotune.search.relations`).
+
+On a host with two GPUs or more the built-in space also searches the topology,
+`tensor_parallel_size` and `data_parallel_size`, and any space that searches a parallel size
+holds `tensor_parallel_size * pipeline_parallel_size * data_parallel_size <= host_gpus`
+(`autotune.search.topology`): only topologies that fit the host are proposed.
 """
 
 from __future__ import annotations
@@ -32,12 +37,21 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from autotune.errors import AutotuneError
+from autotune.measure.gpus import count_gpus
 from autotune.search.relations import (
     BUILTIN_RELATIONS,
     Relation,
     RelationSpec,
     Scalar,
     parse_relation,
+)
+from autotune.search.topology import (
+    HOST_GPUS,
+    PARALLEL_SIZES,
+    TOPOLOGY_RELATION,
+    check_fits,
+    host_devices,
+    with_parallel_defaults,
 )
 from server.config import SEARCHABLE_SERVING_SETTINGS
 
@@ -111,6 +125,13 @@ class ParamSpec(BaseModel):
         clamped = min(max(float(value), self.low), self.high)
         return int(clamped) if self.type in ("int", "pow2") else clamped
 
+    def lowest(self) -> Any:
+        """The smallest value the space can propose (None for choices that are not numbers)."""
+        if self.type != "categorical":
+            return self.low
+        numbers = [c for c in self.choices or [] if isinstance(c, int | float) and not isinstance(c, bool)]
+        return min(numbers) if numbers else None
+
     def describe(self) -> str:
         if self.type == "categorical":
             return "one of " + ", ".join(str(c) for c in self.choices or [])
@@ -179,6 +200,22 @@ def default_params(
     return {name: covering(param, (baseline or {}).get(name)) for name, param in params.items()}
 
 
+def topology_params(accelerator: Accelerator, gpus: int) -> dict[str, ParamSpec]:
+    """The topology the built-in space searches on a host of `gpus` GPUs: one engine split
+    across GPUs (`tensor_parallel_size`, powers of two: it must divide the model's attention
+    heads, which are powers of two in the common shapes) or replicas behind one API server
+    (`data_parallel_size`, any count); TOPOLOGY_RELATION keeps their product within the host.
+    Nothing on a CPU or with one GPU: the space stays as it was. Pipeline parallelism is left
+    out (it serves models too big for the GPUs a stage holds and adds a bubble to every step);
+    a space file may add it."""
+    if accelerator != "gpu" or gpus < 2:
+        return {}
+    return {
+        "tensor_parallel_size": ParamSpec(type="pow2", low=1, high=2 ** int(math.log2(gpus))),
+        "data_parallel_size": ParamSpec(type="int", low=1, high=gpus),
+    }
+
+
 def covering(param: ParamSpec, value: Any) -> ParamSpec:
     """`param` widened so that it contains `value` (a baseline's resolved value; None or a
     non-number: `param` as it is). A space that cannot reach the baseline wastes every trial:
@@ -235,14 +272,30 @@ class SearchSpace:
         relations: list[Relation] | None = None,
         *,
         source: str = "built-in defaults",
+        host_gpus: int | None = None,
     ) -> None:
+        """`host_gpus`: the GPUs this host gives the engines; None: counted when a relation
+        first needs it (autotune.measure.gpus.count_gpus), so a space rebuilt from a stored
+        study on another host checks that host's."""
         if not params:
             raise AutotuneError(f"{source}: the search space has no parameters; add one under 'params:'")
         self.params = dict(params)
         self.relations = list(relations) if relations is not None else [
             parse_relation(text) for text in BUILTIN_RELATIONS
         ]
+        if any(name in PARALLEL_SIZES for name in self.params) and TOPOLOGY_RELATION not in {
+            relation.text for relation in self.relations
+        }:
+            self.relations.append(parse_relation(TOPOLOGY_RELATION))
         self.source = source
+        self._host_gpus = host_gpus
+
+    @property
+    def host_gpus(self) -> int:
+        """The GPUs this host gives the engines (0 without any), counted once when first asked."""
+        if self._host_gpus is None:
+            self._host_gpus = count_gpus()
+        return self._host_gpus
 
     @classmethod
     def default(
@@ -251,9 +304,14 @@ class SearchSpace:
         *,
         wide_memory: bool = False,
         baseline: Mapping[str, Any] | None = None,
+        host_gpus: int | None = None,
     ) -> SearchSpace:
-        """The built-in space, containing `baseline`'s values (`default_params`)."""
-        return cls(default_params(accelerator, wide_memory=wide_memory, baseline=baseline))
+        """The built-in space, containing `baseline`'s values (`default_params`), with the
+        topology on a host of two GPUs or more (`topology_params`; `host_gpus` None: counted)."""
+        gpus = count_gpus() if host_gpus is None else host_gpus
+        params = {**default_params(accelerator, wide_memory=wide_memory, baseline=baseline),
+                  **topology_params(accelerator, gpus)}
+        return cls(params, host_gpus=gpus)
 
     @classmethod
     def load(
@@ -264,10 +322,13 @@ class SearchSpace:
         known_names: frozenset[str] | None = None,
         wide_memory: bool = False,
         baseline: Mapping[str, Any] | None = None,
+        host_gpus: int | None = None,
     ) -> SearchSpace:
         """Read `--space FILE.yaml` on top of the defaults (which contain `baseline`'s values);
         names are checked against `known_names` (AsyncEngineArgs fields) when given. A range
-        the file sets is kept as written, even where it excludes the baseline (`clamps`)."""
+        the file sets is kept as written, even where it excludes the baseline (`clamps`).
+        AutotuneError (one line) when no topology the file allows fits the host's `host_gpus`
+        (None: counted here; `autotune.search.topology.check_fits`)."""
         path = Path(path)
         try:
             raw = yaml.safe_load(path.read_text())
@@ -285,8 +346,9 @@ class SearchSpace:
             raise AutotuneError(
                 f"{path}: field '{field}' = {first.get('input')!r}: {first['msg']}"
             ) from None
-        params = (dict(default_params(accelerator, wide_memory=wide_memory, baseline=baseline))
-                  if spec.extend_defaults else {})
+        gpus = count_gpus() if host_gpus is None else host_gpus
+        params = ({**default_params(accelerator, wide_memory=wide_memory, baseline=baseline),
+                   **topology_params(accelerator, gpus)} if spec.extend_defaults else {})
         for name, param in spec.params.items():
             if param is None:
                 params.pop(name, None)
@@ -298,16 +360,32 @@ class SearchSpace:
                 relations.append(parse_relation(item))
             except ValueError as error:
                 raise AutotuneError(f"{path}: field 'relations.{index}' = {item!r}: {error}") from None
-        space = cls(params, relations, source=str(path))
+        space = cls(params, relations, source=str(path), host_gpus=gpus)
         if known_names is not None:
             space.check_names(known_names)
+        space.check_fits(baseline or {})
         return space
+
+    def check_fits(self, baseline: Mapping[str, Any]) -> None:
+        """AutotuneError (one line, naming the file and the parameter) when even the smallest
+        topology this space proposes needs more GPUs than the host has; a parallel size it does
+        not search counts at `baseline`'s value (1 when unset)."""
+        searched = {name: self.params[name].describe() for name in PARALLEL_SIZES if name in self.params}
+        if not searched:
+            return
+        least = with_parallel_defaults({name: baseline.get(name) for name in PARALLEL_SIZES})
+        for name in searched:
+            lowest = self.params[name].lowest()
+            least[name] = int(lowest) if lowest is not None else 1
+        check_fits(self.source, least, searched, self.host_gpus)
 
     def extended(self, params: Mapping[str, ParamSpec]) -> SearchSpace:
         """This space with `params` added where it has no parameter of that name (one the
         space file sets is kept as written); the same relations and source."""
         added = {name: param for name, param in params.items() if name not in self.params}
-        return SearchSpace({**self.params, **added}, self.relations, source=self.source) if added else self
+        if not added:
+            return self
+        return SearchSpace({**self.params, **added}, self.relations, source=self.source, host_gpus=self._host_gpus)
 
     def check_names(self, known: frozenset[str]) -> None:
         """Every parameter and relation operand must be an engine argument of this vLLM (or one
@@ -326,7 +404,7 @@ class SearchSpace:
                 )
         for relation in self.relations:
             for name in relation.names():
-                if name not in known:
+                if name not in known and name != HOST_GPUS:
                     raise AutotuneError(
                         f"{self.source}: relation {relation.text!r}: {name!r} is not an engine "
                         f"argument of the installed vLLM (AsyncEngineArgs)"
@@ -365,6 +443,16 @@ class SearchSpace:
             return None
         return {name: _engine_value(param, optuna_params[keys[name]]) for name, param in self.params.items()}
 
+    def drawn_values(self, optuna_params: Mapping[str, Any]) -> dict[str, Any]:
+        """The engine values of the parameters `optuna_params` holds (some of a config's, while
+        a sampler draws them one by one)."""
+        values = {}
+        for name, param in self.params.items():
+            key = _optuna_name(name, param)
+            if key in optuna_params:
+                values[name] = _engine_value(param, optuna_params[key])
+        return values
+
     def fixed_params(self, engine_values: Mapping[str, Any]) -> dict[str, Any]:
         """Optuna parameter values for the engine values the space can represent (used to
         enqueue the baseline so the sampler learns from it); others are left out."""
@@ -398,8 +486,25 @@ class SearchSpace:
         return lines
 
     def broken_relations(self, values: Mapping[str, Any]) -> list[str]:
-        """The texts of the relations `values` breaks (unknown operands do not count)."""
-        return [relation.text for relation in self.relations if relation.check(values) is False]
+        """The texts of the relations `values` breaks (unknown operands do not count; an unset
+        parallel size is vLLM's 1, `host_gpus` this host's count)."""
+        context = self._context(values, self.relations)
+        return [relation.text for relation in self.relations if relation.check(context) is False]
+
+    def fits_host(self, values: Mapping[str, Any]) -> bool:
+        """Whether `values` keep every relation against `host_gpus` (the topology fits the
+        host); a config that breaks one could not start, so the sampler never proposes it."""
+        host = [relation for relation in self.relations if HOST_GPUS in relation.names()]
+        context = self._context(values, host)
+        return not any(relation.check(context) is False for relation in host)
+
+    def _context(self, values: Mapping[str, Any], relations: list[Relation]) -> dict[str, Any]:
+        """What `relations` read: `values`, unset parallel sizes at 1, and `host_gpus` (counted
+        only when one of them names it)."""
+        context = with_parallel_defaults(values)
+        if any(HOST_GPUS in relation.names() for relation in relations):
+            context[HOST_GPUS] = host_devices(self.host_gpus)
+        return context
 
     def describe(self) -> dict[str, str]:
         return {name: param.describe() for name, param in self.params.items()}

@@ -443,8 +443,8 @@ class StudyStore:
         return study
 
     def _sampler(self, seed: int, *, constant_liar: bool = False) -> FreshConfigSampler:
-        """Multivariate TPE that draws again rather than launch a config measured before
-        (autotune.search.sampler)."""
+        """Multivariate TPE that draws again rather than launch a config measured before or
+        one the host cannot hold (autotune.search.sampler)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             tpe = optuna.samplers.TPESampler(
@@ -454,7 +454,12 @@ class StudyStore:
                 constant_liar=constant_liar,
                 n_startup_trials=self._startup_trials(),
             )
-        return FreshConfigSampler(tpe, self.inputs.space.engine_values)
+        # The host's fit is judged with the baseline's values under the proposal's: a parallel
+        # size the space does not search (or that is not drawn yet) stays the baseline's.
+        space = self.inputs.space
+        known = self.inputs.baseline.searchable_values(self.inputs.effective_defaults)
+        return FreshConfigSampler(tpe, space.engine_values,
+                                  admits=lambda params: space.fits_host({**known, **space.drawn_values(params)}))
 
     def _startup_trials(self) -> int:
         # Optuna's default of 10 random trials would make a 6-trial study pure random search.
