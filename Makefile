@@ -15,7 +15,7 @@ DEMO_FLAGS ?= --trials 3 --top-k 1 --repeats 2
 # Set up once: scripts/setup.sh runs again only when .venv is missing or older than what it
 # installs from (delete .venv, or `make setup-force`, to reinstall from scratch).
 STAMP := .venv/.autotune-setup-done
-# One pytest run on four workers (tests/conftest.py): two run the engine lanes (the tests marked
+# One pytest run on four workers (tests/plugins/engine_lanes.py): two run the engine lanes (the tests marked
 # `engine` or `postgres`, one at a time in each lane, taken as each lane finishes its last, each
 # lane pinned to its own half of the CPUs: two engine tests unpinned on the same cores slowed each
 # other ~2x), the other two every other test beside them. Measured on this 2-core VM (2026-11-27, results/test-suite-runs.md): one

@@ -1,10 +1,9 @@
-"""make test's engine lanes (tests/conftest.py): how the engine tests are split between two
-workers, and each lane's own CPUs, which every process its tests start inherits."""
+"""make test's engine lanes (tests/plugins/engine_lanes.py): how the engine tests are split
+between two workers, and each lane's own CPUs, which every process its tests start inherits."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -14,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-CONFTEST = Path(__file__).resolve().parent / "conftest.py"
+from tests.plugins import engine_lanes as lanes
 
-
-def load_conftest():
-    spec = importlib.util.spec_from_file_location("suite_conftest", CONFTEST)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lanes = load_conftest()
+PLUGIN = Path(lanes.__file__)
 
 
 class FakeItem:
@@ -148,7 +139,7 @@ def test_the_engine_lanes_run_on_cpus_of_their_own_and_their_processes_too(
 ) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
-    shutil.copy(CONFTEST, suite / "conftest.py")
+    shutil.copy(PLUGIN, suite / "conftest.py")  # the plugin alone, as the inner suite's conftest
     (suite / "test_inner.py").write_text(INNER_TESTS)
     out = tmp_path / "out"
     out.mkdir()

@@ -4,7 +4,7 @@ else one of this process's own), in a process group of its own.
 
 Starting a vLLM engine costs ~30 s on 2 CPU cores, so every test that needs *a* real server
 (tests/server: HTTP, OpenAPI fuzz, overload, recorder, security) shares this one; under
-pytest-xdist they all run on one worker (tests/conftest.py groups them). Each test leaves it
+pytest-xdist they all run on one worker (tests/plugins/engine_lanes.py groups them). Each test leaves it
 idle. Its settings are chosen so that each feature can be seen: a small scheduler
 (max_num_seqs=4) and admission limit (2 waiting) for the 503 and overload tests, a bearer token
 for the auth tests, and the embedded default's small memory share (0.1 of the node's RAM,

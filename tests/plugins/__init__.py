@@ -1,0 +1,1 @@
+"""The suite's pytest plugins, each with one job; tests/conftest.py registers them."""
