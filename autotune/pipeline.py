@@ -282,21 +282,28 @@ def capacity_figures(
 
     Each capacity is the offered rate (as sent) of the highest passing ladder step; beside it
     the first failing step's offered rate (median over the repeats), the bracket the capacity
-    is known within. A config with no failing step above its capacity is a lower bound."""
+    is known within. A config with no failing step above its capacity is a lower bound. Under
+    capacity-per-gpu the gate's medians are per GPU: the capacities here are whole (headroom is
+    the traffic one engine carries), and the per-GPU medians and GPUs held are added."""
     if not plan.objective.measures_capacity:
         return None
+    per_gpu = plan.objective.per_gpu
+    gpus: dict[str, int | None] = {}
     if measurements and decision.baseline_median is not None:
         recorded = recorded_rate(plan.holdout_window)
-        base = float(decision.baseline_median)
+        base = whole_capacity(measurements, BASELINE) if per_gpu else float(decision.baseline_median)
         source = "held-out window, median of the gate's repeats"
         runs = {name: [m for m in measurements if m.candidate == name and m.ok]
                 for name in (BASELINE, decision.winner)}
         fails = {name: [m.first_fail_rps for m in found] for name, found in runs.items()}
+        gpus = {name: next((m.devices for m in measurements if m.candidate == name and m.devices), None)
+                for name in (BASELINE, decision.winner)}
     elif baseline_trial is not None and baseline_trial.user_attrs.get("capacity_rps") is not None:
         recorded = recorded_rate(plan.tuning_window)
         base = float(baseline_trial.user_attrs["capacity_rps"])
         source = "tuning window, the baseline's search trial (no gate ran)"
         fails = {BASELINE: [baseline_trial.user_attrs.get("first_fail_rps")]}
+        gpus = {BASELINE: baseline_trial.user_attrs.get("devices")}
     else:
         return None
 
@@ -316,8 +323,14 @@ def capacity_figures(
         "baseline_headroom": round(base / recorded, 3) if recorded > 0 else None,
         "baseline_lower_bound": base > 0 and lower_bound(BASELINE),
     }
+    if per_gpu:
+        figures["baseline_gpus"] = gpus.get(BASELINE) or 1
+        figures["baseline_rps_per_gpu"] = round(base / figures["baseline_gpus"], 3)
     if measurements and not decision.keep_baseline and decision.candidate_median is not None:
-        win = float(decision.candidate_median)
+        win = whole_capacity(measurements, decision.winner) if per_gpu else float(decision.candidate_median)
+        if per_gpu:
+            figures["winner_gpus"] = gpus.get(decision.winner) or 1
+            figures["winner_rps_per_gpu"] = round(float(decision.candidate_median), 3)
         figures["winner_rps"] = round(win, 3)
         figures["winner_first_fail_rps"] = first_fail(decision.winner)
         figures["winner_headroom"] = round(win / recorded, 3) if recorded > 0 else None
@@ -326,6 +339,13 @@ def capacity_figures(
         figures["noise"] = round(decision.noise, 4)
         figures["noise_source"] = decision.noise_source
     return figures
+
+
+def whole_capacity(measurements: Sequence[Measurement], name: str) -> float:
+    """The median whole capacity (req/s) of `name`'s gate runs (0 for a run that measured none),
+    where the gate compared them per GPU."""
+    values = [float(m.capacity_rps or 0.0) for m in measurements if m.candidate == name]
+    return float(statistics.median(values)) if values else 0.0
 
 
 def memory_figures(

@@ -6,6 +6,7 @@ Its plots, and `ReportInputs` (what both are made of), are in `autotune/decide/r
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
+def hit_rate(value: float | None) -> str:
+    """A prefix-cache hit rate: "62%"; "-" where the server exposed no counters."""
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -72,7 +78,13 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
     scored = "KV cache" if objective.kind == "min-memory" else objective.label
     # The capacity ladder's view of what limited each config (studies before it: no column).
     broke = any(trial.user_attrs.get("broke_first") for trial in trials)
-    header = ["trial", *(["host"] if hosts else []), *names, scored, "SLOs",
+    # A topology search (or capacity-per-gpu): the GPUs each config's engine held, and under
+    # capacity-per-gpu the whole capacity beside the per-GPU score.
+    gpus = objective.per_gpu or any((trial.user_attrs.get("devices") or 1) > 1 for trial in trials)
+    hits = any(trial.user_attrs.get("prefix_cache_hit_rate") is not None for trial in trials)
+    header = ["trial", *(["host"] if hosts else []), *names, scored,
+              *(["capacity (req/s)"] if objective.per_gpu else []), *(["GPUs"] if gpus else []),
+              *(["prefix cache hits"] if hits else []), "SLOs",
               *(["broke first"] if broke else []), "failure", "wall"]
     rows = []
     for trial in trials:
@@ -110,7 +122,12 @@ def trial_rows(study: optuna.Study, objective: Objective) -> tuple[list[str], li
         if trial.number in retried_as:
             notes.append(f"retried as {trial_label(retried_as[trial.number])}")
         failure = "; ".join(part for part in (failure[:120], *notes) if part)
-        cells += [score, slo, *([trial.user_attrs.get("broke_first") or "-"] if broke else []),
+        complete = trial.state == TrialState.COMPLETE
+        cells += [score,
+                  *([_fmt(trial.user_attrs.get("capacity_rps")) if complete else "-"] if objective.per_gpu else []),
+                  *([_fmt(trial.user_attrs.get("devices")) if complete else "-"] if gpus else []),
+                  *([hit_rate(trial.user_attrs.get("prefix_cache_hit_rate"))] if hits else []),
+                  slo, *([trial.user_attrs.get("broke_first") or "-"] if broke else []),
                   failure, format_duration(trial.user_attrs.get("wall_s"))]
         rows.append(cells)
     return header, rows
@@ -330,7 +347,23 @@ def capacity_line(capacity: dict[str, Any], kept_baseline: bool) -> str:
             f"{base_least}{_fmt(capacity.get('baseline_headroom'))}x "
             f"({_offered(base, capacity.get('baseline_first_fail_rps'))})"
         )
-    return text + "."
+    return text + per_gpu_text(capacity, kept_baseline) + "."
+
+
+def per_gpu_text(capacity: dict[str, Any], kept_baseline: bool) -> str:
+    """capacity-per-gpu: what each config carries per GPU its engine holds (what the gate
+    compared), "; per GPU: the exported config 6.1 req/s (1 GPU), the baseline 4.6 req/s (2
+    GPUs)"; "" under the other objectives."""
+    if capacity.get("baseline_rps_per_gpu") is None:
+        return ""
+
+    def on(who: str) -> str:
+        count = capacity.get(f"{who}_gpus") or 1
+        return f"{_fmt(capacity[f'{who}_rps_per_gpu'])} req/s ({count} GPU{'' if count == 1 else 's'})"
+
+    if not kept_baseline and capacity.get("winner_rps_per_gpu") is not None:
+        return f"; per GPU: the exported config {on('winner')}, the baseline {on('baseline')}"
+    return f"; per GPU: the baseline {on('baseline')}"
 
 
 def _offered(rps: float | None, first_fail_rps: float | None) -> str:
@@ -371,7 +404,8 @@ def validation_section(inputs: ReportInputs) -> list[str]:
         rows.append(
             [
                 stats.candidate + (" (emitted)" if stats.candidate == decision.winner else ""),
-                ", ".join(_bracket(m) for m in runs) if capacity and runs else ", ".join(_fmt(v) for v in stats.values),
+                ", ".join(_bracket(m, per_gpu=objective.per_gpu) for m in runs) if capacity and runs
+                else ", ".join(_fmt(v) for v in stats.values),
                 _fmt(stats.median),
                 _pct(change),
                 "-" if stats.relative_spread is None else f"{stats.relative_spread:.1%}",
@@ -385,11 +419,25 @@ def validation_section(inputs: ReportInputs) -> list[str]:
     if broke_column:
         for row, stats in zip(rows, [*decision.stats, *extra], strict=True):
             row.append("; ".join(dict.fromkeys(broke.get(stats.candidate, []))) or "-")
+    # The GPUs each config's engine held (capacity-per-gpu divides by them), and its prefix-cache
+    # hit rate over every repeat's measured steps (a column only where vLLM exposed the counters).
+    runs_of = {stats.candidate: [m for m in inputs.measurements if m.candidate == stats.candidate]
+               for stats in [*decision.stats, *extra]}
+    gpus_column = objective.per_gpu or any((m.devices or 1) > 1 for m in inputs.measurements)
+    hits_column = any(m.prefix_cache_hit_rate is not None for m in inputs.measurements)
+    for row, stats in zip(rows, [*decision.stats, *extra], strict=True):
+        runs = runs_of[stats.candidate]
+        if gpus_column:
+            row.append(_fmt(next((m.devices for m in runs if m.devices), None)))
+        if hits_column:
+            rates = [m.prefix_cache_hit_rate for m in runs if m.prefix_cache_hit_rate is not None]
+            row.append(hit_rate(statistics.median(rates) if rates else None))
     per_repeat = (f"{objective.label} per repeat, passed-failed step offered ({objective.unit})"
                   if capacity else f"{objective.label} per repeat ({objective.unit})")
     lines = _table(
         ["config", per_repeat, "median", "vs baseline",
-         "spread", "every SLO every repeat", *(["broke first"] if broke_column else [])],
+         "spread", "every SLO every repeat", *(["broke first"] if broke_column else []),
+         *(["GPUs"] if gpus_column else []), *(["prefix cache hits (median)"] if hits_column else [])],
         rows,
     )
     if decision.ci_low is not None:
@@ -417,14 +465,16 @@ def validation_section(inputs: ReportInputs) -> list[str]:
     return lines
 
 
-def _bracket(run: Measurement) -> str:
+def _bracket(run: Measurement, *, per_gpu: bool = False) -> str:
     """One repeat's capacity with its bracket: "12.1-13.4" (the offered rates of the last
-    passing and the first failing step), ">=12.1" when none failed above it."""
+    passing and the first failing step), ">=12.1" when none failed above it; per GPU, both
+    ends over the GPUs the engine held."""
     if not run.ok and run.value <= 0:
         return "failed"
     if run.first_fail_rps is None:
         return f">={_fmt(run.value)}" if run.value > 0 else "0"
-    return f"{_fmt(run.value)}-{_fmt(run.first_fail_rps)}"
+    fail = run.first_fail_rps / max(run.devices or 1, 1) if per_gpu else run.first_fail_rps
+    return f"{_fmt(run.value)}-{_fmt(fail)}"
 
 
 def _headroom(measurements: Sequence[Measurement], slos: Sequence[SLO]) -> list[list[str]]:

@@ -31,6 +31,10 @@ QUEUE_TIME = ("vllm:request_queue_time_seconds",)
 E2E_LATENCY = ("vllm:e2e_request_latency_seconds",)
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 DECODE_TIME = ("vllm:request_decode_time_seconds",)
+# Prefix caching, in prompt tokens: queried, and found in the cache (vLLM 0.32's
+# vllm:prefix_cache_queries / _hits; before them vllm:gpu_prefix_cache_queries / _hits).
+PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 TIMELINE_GAUGES = (*KV_CACHE_USAGE, *NUM_RUNNING, *NUM_WAITING)  # sampled during the window
 
 
@@ -195,6 +199,10 @@ class ServerMetrics(BaseModel):
     num_running_max: float | None = None
     num_waiting_max: float | None = None
     preemptions: float | None = None
+    # Prompt tokens looked up in the prefix cache during the window, and those found there;
+    # None where the server exposes no such counters.
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
     timeline: list[MetricSample] = []
     # CPU use of each server process over the same span (busiest first), where measured.
     processes: list[ProcessCpu] = []
@@ -212,6 +220,28 @@ def _max(values: list[float | None]) -> float | None:
 def _mean(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
+
+
+def _counted(before: MetricsSnapshot, after: MetricsSnapshot, names: tuple[str, ...]) -> float | None:
+    """How much a counter grew between two scrapes; None when the later one lacks it. A counter
+    that went down was reset (the server restarted): all of its value is new."""
+    late = after.value(names)
+    if late is None:
+        return None
+    early = before.value(names) or 0.0
+    return late - early if late >= early else late
+
+
+def prefix_cache_hit_rate(windows: Iterable[ServerMetrics | None]) -> float | None:
+    """Hits over queries (prompt tokens) summed over `windows` (a ladder's measured steps, or
+    one replayed window): 0..1, or None where no window has both counters or none queried the
+    cache. Token-weighted, as vLLM's own logged "Prefix cache hit rate" is."""
+    counted = [w for w in windows if w is not None and w.prefix_cache_queries is not None
+               and w.prefix_cache_hits is not None]
+    queries = sum(w.prefix_cache_queries or 0.0 for w in counted)
+    if not counted or queries <= 0:
+        return None
+    return sum(w.prefix_cache_hits or 0.0 for w in counted) / queries
 
 
 def server_metrics(
@@ -245,6 +275,8 @@ def server_metrics(
         num_running_max=_max([s.num_running for s in timeline]),
         num_waiting_max=_max([s.num_waiting for s in timeline]),
         preemptions=None if preempted_after is None else preempted_after - preempted_before,
+        prefix_cache_queries=_counted(before, after, PREFIX_CACHE_QUERIES),
+        prefix_cache_hits=_counted(before, after, PREFIX_CACHE_HITS),
         timeline=list(timeline),
     )
 

@@ -48,6 +48,7 @@ from autotune.measure.scraper import (
     MetricsScraper,
     MetricsSnapshot,
     ServerMetrics,
+    prefix_cache_hit_rate,
     server_metrics,
 )
 from autotune.measure.server_registry import StaleServerRegistry
@@ -122,6 +123,9 @@ class TrialOutcome(BaseModel):
     server: str | None = None  # what ran the trial (TrialServer.describe())
     # The KV cache vLLM logged at start (server.log); None when the log has no such line.
     kv_cache: KVCacheSize | None = None
+    # Prefix-cache hits over queries (prompt tokens) over the ladder's scored steps, or over the
+    # window; None where vLLM's counters are not exposed (never a made-up 0).
+    prefix_cache_hit_rate: float | None = None
 
 
 class _Failed(Exception):
@@ -180,6 +184,9 @@ class _Trial:
             capacity=self.capacity,
             server=self.server_kind,
             kv_cache=read_kv_cache(self.dir / "server.log"),
+            prefix_cache_hit_rate=prefix_cache_hit_rate(
+                [step.server for step in self.capacity.steps] if self.capacity is not None else [self.metrics]
+            ),
         )
 
 

@@ -42,7 +42,7 @@ class Measurement(BaseModel):
 
     candidate: str  # "baseline" or "trial-0007"
     repeat: int
-    value: float  # the objective (goodput / throughput, 0 for a failed run; min-memory: the memory)
+    value: float  # the objective (capacity, per GPU, goodput / throughput, 0 for a failed run; min-memory: the memory)
     slo_met: bool
     ok: bool = True
     failure: str | None = None
@@ -59,6 +59,12 @@ class Measurement(BaseModel):
     resolution: float | None = None
     kv_cache_gib: float | None = None  # min-memory: the KV cache vLLM logged at start
     kv_cache_tokens: int | None = None
+    # Capacity: the whole capacity (req/s) and the GPUs one engine held; under
+    # capacity-per-gpu `value` is the one over the other (what the rule compares).
+    capacity_rps: float | None = None
+    devices: int | None = None
+    # Prefix-cache hits over queries (tokens) over the run's measured steps; None: not exposed.
+    prefix_cache_hit_rate: float | None = None
 
 
 class CandidateStats(BaseModel):

@@ -33,11 +33,13 @@ from autotune.search.objective import STUDY_STOPPING_FAILURES, evaluate
 from autotune.search.study_store import SearchInputs, StudyOptions
 from autotune.search.trial_records import (
     capacity_interval,
+    engine_devices,
     feasible,
     headroom_status,
     is_baseline,
     memory_of,
     memory_status,
+    on_gpus,
     server_seconds,
     slo_text,
     trial_config,
@@ -226,7 +228,8 @@ class GateRunner:
                 **self.ladder_start(study, self.inputs.holdout_window, hint),
             )
             evaluation = evaluate(outcome, self.inputs.objective, self.inputs.slos,
-                                  memory=memory_of(candidates[name], self.inputs.effective_defaults))
+                                  memory=memory_of(candidates[name], self.inputs.effective_defaults),
+                                  devices=engine_devices(candidates[name].engine))
             measurements.append(Measurement(
                 candidate=name, repeat=repeat, value=evaluation.score, host=host,
                 wall_s=round(self.clock() - run_start, 1), server_s=round(server_seconds(outcome), 1),
@@ -248,6 +251,8 @@ class GateRunner:
                     "" if evaluation.ok else f"; failed ({evaluation.failure}: {evaluation.failure_detail})")
                 if evaluation.capacity_note and evaluation.ok:
                     status = evaluation.capacity_note
+                if self.inputs.objective.per_gpu and evaluation.devices:
+                    status += "; " + on_gpus(evaluation.capacity_rps or 0.0, evaluation.devices)
             if self.inputs.objective.kind == "min-memory":
                 status = memory_status(evaluation, self.inputs.objective)
             self.say(
@@ -266,7 +271,8 @@ class GateRunner:
 
 # The Evaluation fields a gate Measurement keeps as they are (same names).
 KEPT_FROM_EVALUATION = {"slo_met", "ok", "failure", "margins_ms", "headroom", "broke_first",
-                        "first_fail_rps", "resolution", "kv_cache_gib", "kv_cache_tokens"}
+                        "first_fail_rps", "resolution", "kv_cache_gib", "kv_cache_tokens",
+                        "capacity_rps", "devices", "prefix_cache_hit_rate"}
 
 
 def machine_identity() -> str:

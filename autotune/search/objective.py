@@ -4,6 +4,11 @@ the SLOs.
 - `capacity` (default): the highest request rate at which every SLO holds, measured by the
   load ladder (`autotune.measure.ladder`) in one launch; shown as headroom over the recorded rate.
   Maximised. A run "meets the SLOs" when its capacity covers the recorded rate (headroom >= 1).
+- `capacity-per-gpu`: that capacity over the GPUs one engine of the config holds (tensor x
+  pipeline x data parallel size: `trial_records.engine_devices`), req/s per GPU. Maximised, and
+  what the gate compares: on a multi-GPU host it asks which topology serves the most per GPU
+  (a TP=2 config carrying 1.5x a one-GPU config's traffic ranks below it), where `capacity`
+  asks which carries the most with the GPUs it takes. Headroom stays the whole capacity's.
 - `min-memory[:Hx]`: the smallest `gpu_memory_utilization` at which every SLO still holds at
   the recorded rate times H (`--headroom`, default 1.5), measured by one ladder step at speed-up
   H. Minimised; a config that misses an SLO there is infeasible (value +inf and a violated
@@ -59,6 +64,7 @@ STUDY_STOPPING_FAILURES = frozenset({"environment"})
 _MIN_MEMORY = re.compile(r"^min-memory(?::(?P<headroom>.+?)x?)?$")
 # The engine argument min-memory minimises (on CPU: the share of NUMA-node memory vLLM reserves).
 MEMORY_KNOB = "gpu_memory_utilization"
+CAPACITY_PER_GPU = "capacity-per-gpu"
 _PARETO = re.compile(r"^pareto(?::(?P<metric>ttft|tpot|itl|e2el)_p(?P<pct>[0-9.]+))?$")
 
 
@@ -68,6 +74,7 @@ class Objective(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: ObjectiveKind = "capacity"
+    per_gpu: bool = False  # capacity only: scored per GPU the config's engine holds
     latency_metric: str | None = None  # pareto only
     latency_percentile: float | None = None
     headroom: float | None = None  # min-memory only: the SLOs must hold at recorded rate x this
@@ -95,6 +102,8 @@ class Objective(BaseModel):
     @property
     def label(self) -> str:
         """Name of the scalar the gate compares (pareto: its throughput side)."""
+        if self.per_gpu:
+            return "capacity per GPU"
         if self.kind in ("capacity", "goodput"):
             return self.kind
         if self.kind == "min-memory":
@@ -113,18 +122,24 @@ class Objective(BaseModel):
 
     @property
     def unit(self) -> str:
+        if self.per_gpu:
+            return "req/s per GPU"
         return "fraction" if self.kind == "min-memory" else "req/s"
 
     def format_score(self, score: float) -> str:
         """A score as a progress line shows it."""
         if self.kind == "min-memory":
             return f"{MEMORY_KNOB} {score:.3g}"
+        if self.per_gpu:
+            return f"{score:.3g} {self.unit}"
         return f"{score:.3g} {self.unit} {self.label}"
 
     def spec(self) -> str:
         if self.kind == "min-memory":
             # H is part of the name: a study resumed with another H is refused.
             return f"min-memory:{self.headroom:g}x"
+        if self.per_gpu:
+            return CAPACITY_PER_GPU
         if self.kind != "pareto":
             return self.kind
         return f"pareto:{self.latency_metric}_p{self.latency_percentile:g}"
@@ -134,11 +149,14 @@ class Objective(BaseModel):
 
 
 def parse_objective(text: str, slos: Sequence[SLO], *, headroom: float | None = None) -> Objective:
-    """`capacity`, `goodput`, `throughput`, `pareto`, `pareto:e2el_p99`, `min-memory` (H from
-    `headroom`, i.e. `--headroom`) or `min-memory:2x` (H in the name, as a study stores it)."""
+    """`capacity`, `capacity-per-gpu`, `goodput`, `throughput`, `pareto`, `pareto:e2el_p99`,
+    `min-memory` (H from `headroom`, i.e. `--headroom`) or `min-memory:2x` (H in the name, as a
+    study stores it)."""
     spec = text.strip().lower()
-    if spec in ("capacity", "min-memory") and not slos:
+    if spec in ("capacity", CAPACITY_PER_GPU, "min-memory") and not slos:
         raise AutotuneError(f"--objective {spec} needs at least one --slo (e.g. ttft_p95_ms=500)")
+    if spec == CAPACITY_PER_GPU:
+        return Objective(kind="capacity", per_gpu=True)
     memory = _MIN_MEMORY.match(spec)
     if memory is not None:
         return Objective(kind="min-memory", headroom=_headroom(memory["headroom"], headroom))
@@ -147,8 +165,8 @@ def parse_objective(text: str, slos: Sequence[SLO], *, headroom: float | None = 
     match = _PARETO.match(spec)
     if match is None:
         raise AutotuneError(
-            f"--objective {text!r}: expected capacity, goodput, throughput, min-memory, pareto or "
-            f"pareto:METRIC_pPCT (e.g. pareto:e2el_p95)"
+            f"--objective {text!r}: expected capacity, capacity-per-gpu, goodput, throughput, "
+            f"min-memory, pareto or pareto:METRIC_pPCT (e.g. pareto:e2el_p95)"
         )
     if match["metric"]:
         return Objective(kind="pareto", latency_metric=match["metric"], latency_percentile=float(match["pct"]))
@@ -207,6 +225,12 @@ class Evaluation(BaseModel):
     memory: float | None = None
     kv_cache_gib: float | None = None
     kv_cache_tokens: int | None = None
+    # capacity: the GPUs one engine of the config holds (TP x PP x DP); per GPU, score is
+    # capacity_rps over this
+    devices: int | None = None
+    # Prefix-cache hits over queries, in tokens, over the measured steps (vLLM's counters);
+    # None where the server exposes no such counters
+    prefix_cache_hit_rate: float | None = None
 
     @property
     def feasible(self) -> bool:
@@ -214,10 +238,11 @@ class Evaluation(BaseModel):
 
     @classmethod
     def of(cls, outcome: Any, **scored: Any) -> Evaluation:
-        """`outcome` (a TrialOutcome) scored: whether it ran and why not as the outcome says,
-        the rest as `scored` says."""
+        """`outcome` (a TrialOutcome) scored: whether it ran and why not, and its prefix-cache
+        hit rate, as the outcome says; the rest as `scored` says."""
         return cls(ok=bool(outcome.ok), failure=outcome.failure,
-                   failure_detail=outcome.failure_detail, **scored)
+                   failure_detail=outcome.failure_detail,
+                   prefix_cache_hit_rate=getattr(outcome, "prefix_cache_hit_rate", None), **scored)
 
 
 def measured_percentile(
@@ -275,13 +300,15 @@ class _Record(BaseModel):
 
 
 def evaluate(
-    outcome: Any, objective: Objective, slos: Sequence[SLO], *, memory: float | None = None
+    outcome: Any, objective: Objective, slos: Sequence[SLO], *, memory: float | None = None,
+    devices: int = 1,
 ) -> Evaluation:
     """Score a TrialOutcome. A failed or unmeasured run scores 0 and violates a 'ran'
     constraint, so the sampler ranks it below every run that worked. `memory`: the config's
-    gpu_memory_utilization (min-memory's score)."""
+    gpu_memory_utilization (min-memory's score); `devices`: the GPUs its engine holds
+    (capacity-per-gpu divides by them)."""
     if objective.kind == "capacity":
-        return _evaluate_capacity(outcome, slos)
+        return _evaluate_capacity(outcome, slos, devices=devices, per_gpu=objective.per_gpu)
     if objective.kind == "min-memory":
         return _evaluate_min_memory(outcome, slos, memory)
     summary = outcome.summary if outcome.ok else None
@@ -342,18 +369,22 @@ def step_percentiles(
     return measured, margins
 
 
-def _evaluate_capacity(outcome: Any, slos: Sequence[SLO]) -> Evaluation:
-    """Capacity found by the ladder. A ladder a crash cut short keeps what it measured (the
-    capacity below the crash), but the run is not `ok`: the gate never exports it."""
+def _evaluate_capacity(outcome: Any, slos: Sequence[SLO], *, devices: int, per_gpu: bool) -> Evaluation:
+    """Capacity found by the ladder (per GPU: over `devices`). A ladder a crash cut short
+    keeps what it measured (the capacity below the crash), but the run is not `ok`: the gate
+    never exports it."""
     capacity = getattr(outcome, "capacity", None)
     rps = float(capacity.capacity_rps) if capacity is not None else 0.0
     step = capacity.passing_step() if capacity is not None else None
     measured, margins = step_percentiles(step, slos)
     headroom = capacity.headroom if capacity is not None else 0.0
+    devices = max(1, int(devices))
+    score = rps / devices if per_gpu else rps
     return Evaluation.of(
         outcome,
-        values=[rps],
-        score=rps,
+        values=[score],
+        score=score,
+        devices=devices,
         measured_ms=measured,
         margins_ms=margins,
         # Carrying anything at all is the only hard constraint: SLOs are inside the number.

@@ -330,7 +330,8 @@ class TuningStudy:
         found: list[Move] = []
         best_before = 0.0
         for trial in trials:
-            score = float(trial.user_attrs.get("capacity_rps") or 0.0) if feasible(trial) else 0.0
+            # The objective's score: the capacity, or per GPU under capacity-per-gpu.
+            score = float(trial.user_attrs.get("score") or 0.0) if feasible(trial) else 0.0
             move = self._as_move(study, trial)
             if move is not None and trial.number not in followed and trial.state.is_finished():
                 paid_off = score > best_before * 1.02
@@ -460,7 +461,9 @@ class TuningStudy:
                 trial.set_user_attr("interrupted", outcome.failure_detail or "interrupted")
             study.tell(trial, state=TrialState.FAIL)
             return study.trials[trial.number]
-        evaluation = evaluate(outcome, self.inputs.objective, self.inputs.slos, memory=memory_of(config, self.inputs.effective_defaults))
+        evaluation = evaluate(outcome, self.inputs.objective, self.inputs.slos,
+                              memory=memory_of(config, self.inputs.effective_defaults),
+                              devices=engine_devices(config.engine))
         return self._tell(study, trial, evaluation, wall_s=wall, server_s=server_seconds(outcome))
 
     @staticmethod

@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from autotune.measure.kv_cache import KVCacheSize
 from autotune.search.numerics import describe_changes
 from autotune.search.objective import MEMORY_KNOB, Evaluation, Objective
+from autotune.search.topology import engine_gpus
 from server.config import ServerConfig
 
 
@@ -60,6 +61,7 @@ def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, se
         trial.set_user_attr("broke_first", evaluation.broke_first)
         trial.set_user_attr("first_fail_rps", evaluation.first_fail_rps)
         trial.set_user_attr("resolution", evaluation.resolution)
+        trial.set_user_attr("devices", evaluation.devices)
         if evaluation.infeasible:
             trial.set_user_attr("infeasible", evaluation.infeasible)
         if evaluation.unscored:
@@ -70,6 +72,8 @@ def record_evaluation(trial: Trial, evaluation: Evaluation, *, wall_s: float, se
         trial.set_user_attr("memory", evaluation.memory)
         trial.set_user_attr("kv_cache_gib", evaluation.kv_cache_gib)
         trial.set_user_attr("kv_cache_tokens", evaluation.kv_cache_tokens)
+    if evaluation.prefix_cache_hit_rate is not None:  # absent counters: no figure, never a 0
+        trial.set_user_attr("prefix_cache_hit_rate", evaluation.prefix_cache_hit_rate)
     trial.set_user_attr("slo_met", evaluation.slo_met)
     trial.set_user_attr("measured_ms", evaluation.measured_ms)
     trial.set_user_attr("margins_ms", evaluation.margins_ms)
@@ -97,10 +101,7 @@ def server_seconds(outcome: Any) -> float:
 def engine_devices(engine: dict[str, Any]) -> int:
     """Accelerators one engine of this config holds: tensor x pipeline x data parallel size
     (1 unless the config sets them; on CPU, the engine's wall time is what is counted)."""
-    devices = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        devices *= max(1, int(engine.get(key) or 1))
-    return devices
+    return engine_gpus(engine)
 
 
 def explicit_engine(config: ServerConfig) -> dict[str, Any]:
@@ -160,8 +161,12 @@ def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
     elif trial.user_attrs.get("infeasible") or trial.user_attrs.get("capacity_note"):
         status = trial.user_attrs.get("infeasible") or trial.user_attrs["capacity_note"]
     elif trial.user_attrs.get("headroom") is not None:
+        # The bracket in whole req/s (under capacity-per-gpu the score is per GPU).
         status = headroom_status(trial.user_attrs["headroom"], trial.user_attrs.get("broke_first"),
-                                 capacity_interval(score, trial.user_attrs.get("first_fail_rps")))
+                                 capacity_interval(trial.user_attrs.get("capacity_rps", score),
+                                                   trial.user_attrs.get("first_fail_rps")))
+        if objective.per_gpu and trial.user_attrs.get("devices"):
+            status += "; " + on_gpus(trial.user_attrs.get("capacity_rps") or 0.0, trial.user_attrs["devices"])
     if trial.user_attrs.get("move"):
         params = f"first move {trial.user_attrs['move']}: {params}"
     numerics = describe_changes(trial.user_attrs.get("changes_numerics") or {})
@@ -173,6 +178,11 @@ def headroom_status(headroom: float, broke_first: str | None, interval: str | No
     13.4 req/s offered); above it tpot broke first"."""
     return (f"{headroom:.2f}x the recorded rate" + (f" ({interval})" if interval else "")
             + (f"; above it {broke_first} broke first" if broke_first else ""))
+
+
+def on_gpus(capacity_rps: float, devices: int) -> str:
+    """A per-GPU score's whole: "9.1 req/s on 2 GPUs"."""
+    return f"{capacity_rps:.3g} req/s on {devices} GPU{'' if devices == 1 else 's'}"
 
 
 def capacity_interval(capacity_rps: float | None, first_fail_rps: float | None) -> str | None:

@@ -31,6 +31,14 @@ Keys (all optional):
                   parses and tokenizes each request before the engine sees it, for clients that
                   went away too; one whose client is gone by then ends there (as vLLM's front
                   end finds out when it gets to the request)
+  topology        {"tp_speedup": S}: a server on the config's tensor_parallel_size T x
+                  data_parallel_size D GPUs (either spelling, 1 when unset): every token comes
+                  S**log2(T) times sooner (one engine split across T GPUs), and `slots` is D
+                  times as many (D replicas); the start log says "fake server: topology TxD"
+  prefix_cache    true: /metrics also has vLLM's prefix-cache counters,
+                  vllm:prefix_cache_queries_total and _hits_total (prompt tokens), one per
+                  data-parallel engine (requests go to the engines in turn): a prompt's leading
+                  16-token blocks that engine saw before are hits, as vLLM's cache finds them
 GET /stats answers {"completions": n}: the completions received so far (for tests that act
 once the measured window is under way).
 """
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import math
 import os
 import queue
 import select
@@ -109,6 +118,14 @@ def main() -> int:
         processes = args.api_server_count or config_api_processes(args.config)
         slots = slots_at(behaviour["front_end_slots"], processes)
         print(f"fake server: {processes} front-end processes, {slots} slots", flush=True)
+    engines = 1
+    if behaviour.get("topology"):
+        tp = int(config_engine_value(args.config, "tensor_parallel_size", 1))
+        engines = int(config_engine_value(args.config, "data_parallel_size", 1))
+        token_delay /= float(behaviour["topology"].get("tp_speedup", 1.0)) ** math.log2(tp)
+        slots = (slots or 1) * engines
+        print(f"fake server: topology {tp}x{engines}, {slots} slots", flush=True)
+    prefix = {"queries": [0] * engines, "hits": [0] * engines, "seen": [set() for _ in range(engines)]}
     gate = threading.Semaphore(slots) if slots else None
     front_s = behaviour.get("front_s")
     front_line: queue.Queue[threading.Event] = queue.Queue()
@@ -132,6 +149,10 @@ def main() -> int:
                 with lock:
                     text = (f"vllm:num_requests_running {gauges['running']}\n"
                             f"vllm:num_requests_waiting {gauges['waiting']}\n")
+                    if behaviour.get("prefix_cache"):
+                        for engine in range(engines):
+                            text += (f'vllm:prefix_cache_queries_total{{engine="{engine}"}} {prefix["queries"][engine]}\n'
+                                     f'vllm:prefix_cache_hits_total{{engine="{engine}"}} {prefix["hits"][engine]}\n')
                 self._answer(200, text.encode())
             elif self.path == "/stats":
                 with lock:
@@ -150,6 +171,11 @@ def main() -> int:
             with lock:
                 completions["n"] += 1
                 n = completions["n"]
+                if behaviour.get("prefix_cache"):
+                    engine = n % engines
+                    tokens = request.get("prompt") or []
+                    prefix["queries"][engine] += len(tokens)
+                    prefix["hits"][engine] += cached_tokens(tokens, prefix["seen"][engine])
             if die_after is not None and n > die_after:
                 print(behaviour.get("message", "fake server dying"), file=sys.stderr, flush=True)
                 os._exit(1)
@@ -238,6 +264,20 @@ def main() -> int:
     return exit_code
 
 
+def cached_tokens(prompt: list, seen: set, block: int = 16) -> int:
+    """Tokens of `prompt`'s leading full blocks whose whole prefix is in `seen` (a chain of
+    block hashes, as vLLM keys its prefix cache); every block is added to `seen` after."""
+    hits, key, matching = 0, None, True
+    for start in range(0, len(prompt) - block + 1, block):
+        key = hash((key, tuple(prompt[start:start + block])))
+        if matching and key in seen:
+            hits += block
+        else:
+            matching = False
+        seen.add(key)
+    return hits
+
+
 def slots_at(pairs: list[list[float]], value: float) -> int:
     """The slots of the pair with the highest threshold at or under `value` (1 if none)."""
     return max((slots for low, slots in pairs if low <= value), default=1)
@@ -256,6 +296,13 @@ def config_api_processes(path: str) -> int:
     config = read_config(path)
     serving = ((config.get("additional-config") or {}).get("vllm_autotune") or {}).get("serving") or {}
     return int(serving.get("api_processes", 1))
+
+
+def config_engine_value(path: str, name: str, default: object) -> object:
+    """An engine argument of a trial's config.yaml (either spelling), `default` when unset."""
+    config = read_config(path)
+    value = config.get(name.replace("_", "-"), config.get(name))
+    return default if value is None else value
 
 
 def config_memory(path: str) -> float:
