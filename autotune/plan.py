@@ -1,7 +1,7 @@
-"""What a tuning run is asked for (`TuningRequest`) and what it runs on (`TuningPlan`).
+"""What a tuning run runs on (`TuningPlan`).
 
-A `TuningRequest` holds the user's choices as `autotune run` takes them (retune fills one in
-from its own flags). `autotune.prepare.prepare_plan` checks it and turns it into a
+A `TuningRequest` (autotune.request) holds the user's choices as `autotune run` takes them
+(retune fills one in from its own flags). `autotune.prepare.prepare_plan` checks it and turns it into a
 `TuningPlan`: the traces cut into windows, the search space, the baseline, the SLOs and the
 objective, every setting the search and the gate need. The pipeline (autotune.pipeline) runs
 a plan; nothing below the CLI reads flags.
@@ -28,70 +28,9 @@ from workloads.replay import ReplayOptions
 from workloads.slo import SLO, parse_slos
 from workloads.trace import Trace, TraceRequest
 
-# 6 trials (baseline included) on a 30 s window, then the gate the product promises: the top 3
-# and the baseline, 3 times each, interleaved, on a 20 s held-out window. Windows are lengthened
-# until each holds what the SLO percentiles need (autotune.preflight): on the sample trace with
-# the default p95 SLOs, to ~47 and ~48 s (200+ requests each). On the embedded tiny model and a
-# 2-core CPU each run costs ~40 s of engine start plus its window: ~28 minutes.
-DEFAULT_TRIALS = 6
-DEFAULT_TUNING_S = 30.0
-DEFAULT_HOLDOUT_S = 20.0
-DEFAULT_TOP_K = 3
-DEFAULT_REPEATS = 3
-DEFAULT_LADDER_RESOLUTION = 0.1
-DEFAULT_STARTUP_TIMEOUT_S = 300.0
-# Capacity over the recorded rate a config must keep (retune: the deployed config stays while
-# it carries this many times the current traffic; min-memory: the rate its SLOs must hold at).
-DEFAULT_HEADROOM = 1.5
-
 # The plan's fields that belong to one process (where it writes, which study it opens), not
 # to the study: left out of the form stored for workers.
 PROCESS_FIELDS = frozenset({"study_name", "output_dir", "storage", "resume", "resume_gate", "fork_server_socket"})
-
-
-class TuningRequest(BaseModel):
-    """The choices `autotune run` takes as flags (defaults as its parser has them)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workload: str
-    study_name: str
-    output_dir: Path
-    command_line: list[str]  # as the user would retype it (passwords are hidden on export)
-    trials: int | None = DEFAULT_TRIALS
-    time_budget_s: float | None = None
-    gpu_seconds: float | None = None
-    storage: str | None = None
-    resume: bool = False
-    model: str | None = None
-    load_format: str | None = None
-    max_model_len: int | None = None
-    over_context: str = "refuse"
-    baseline: Path | None = None
-    compare: list[Path] = []
-    space: Path | None = None
-    # Knobs that change the model's numerics, added to the space (autotune.search.numerics).
-    allow: list[Literal["fp8"]] = []
-    slos: list[str] | None = None
-    objective: str = "capacity"
-    headroom: float = DEFAULT_HEADROOM  # min-memory: the SLOs must hold at the recorded rate x H
-    search_anyway: bool = False  # go on when the baseline meets the SLOs at no load tried
-    step_requests: int | None = None
-    ladder_resolution: float = DEFAULT_LADDER_RESOLUTION
-    max_speedup: float | None = None  # None: LadderSettings' own
-    max_client_lag_ms: float | None = None  # None: ReplayOptions.send_lag_limit_ms's default
-    client_cpus: str = "auto"  # autotune.measure.cpu_split.CpuSplit.resolve
-    fork_servers: Literal["on", "off"] = "on"  # autotune.pipeline.build_runner
-    fork_server_socket: Path | None = None  # a shared fork server: autotune.cli.fork_server
-    seed: int = 0
-    tuning_window_s: float = DEFAULT_TUNING_S
-    holdout_window_s: float = DEFAULT_HOLDOUT_S
-    speedup: float = 1.0
-    top_k: int = DEFAULT_TOP_K
-    repeats: int = DEFAULT_REPEATS
-    mode: str = "timed"
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    trial_server: TrialServer = TrialServer()
 
 
 class StoredWindow(BaseModel):

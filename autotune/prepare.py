@@ -18,9 +18,10 @@ from autotune.errors import AutotuneError
 from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import LadderSettings, requests_for_percentile, requests_for_slos
 from autotune.measure.servers import TrialServer, labelled
-from autotune.plan import TuningPlan, TuningRequest
+from autotune.plan import TuningPlan
 from autotune.progress import say
 from autotune.redact import redact
+from autotune.request import TuningRequest
 from autotune.search.numerics import check_supported, numerics_params
 from autotune.search.objective import MEMORY_KNOB, Objective, default_slos, parse_objective
 from autotune.search.relations import BUILTIN_RELATIONS, parse_relation

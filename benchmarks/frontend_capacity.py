@@ -62,8 +62,8 @@ from autotune.measure.cpu_split import CpuSplit
 from autotune.measure.ladder import CapacityResult, LadderSettings, recorded_rate
 from autotune.measure.servers import TrialServer
 from autotune.measure.trial import TrialRunner
-from autotune.plan import TuningRequest
 from autotune.prepare import load_baseline
+from autotune.request import TuningRequest
 from benchmarks.benchlib import ROOT, Goal, Recorder, engine_changes, fmt, md_table, say, spread
 from server.config import ServerConfig
 from workloads.files import write_text_atomic

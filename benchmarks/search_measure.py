@@ -142,25 +142,33 @@ def measure(args: argparse.Namespace) -> int:
     return measure_goodput(args)
 
 
-def measure_capacity(args: argparse.Namespace) -> int:
+def run_flags(argv: Sequence[str]) -> dict[str, Any]:
+    """`autotune run` flags (--run-arg) as TuningRequest field values, read as that command
+    reads them; {} for none."""
+    if not argv:
+        return {}
     from autotune.cli import build_parser
-    from autotune.cli.run import run_request
+    from autotune.cli.flags import request_fields
+
+    return request_fields(build_parser().parse_args(["run", "--workload", "-", *argv]))
+
+
+def measure_capacity(args: argparse.Namespace) -> int:
     from autotune.measure.ladder import recorded_rate
     from autotune.measure.limits import limiting_slo
     from autotune.pipeline import build_runner
     from autotune.prepare import prepare_plan
+    from autotune.request import TuningRequest
     from autotune.search.objective import Objective, evaluate
     from server.engine import effective_settings, resolve_engine_config
 
     table_dir = Path(args.table)
     table_path = table_dir / "table.json"
-    # `autotune run --workload TRACE` with every other flag at its default: the same window,
+    # `autotune run --workload TRACE` with every other setting at its default: the same window,
     # SLOs, ladder settings and baseline as the product's default run.
     # --run-arg adds `autotune run` flags (a GPU grid: --model, --slo, --max-model-len, ...).
-    run_args = build_parser().parse_args(
-        ["run", "--workload", str(args.trace), "--output-dir", str(table_dir), *args.run_args]
-    )
-    request = run_request(run_args).model_copy(update={"study_name": "search-grid", "output_dir": table_dir})
+    request = TuningRequest(**{**run_flags(args.run_args), "workload": str(args.trace),
+                               "study_name": "search-grid", "output_dir": table_dir})
     plan = prepare_plan(request)
     tuning, slos, ladder, baseline = plan.tuning_window, plan.slos, plan.ladder, plan.baseline
     defaults = plan.effective_defaults
@@ -178,8 +186,8 @@ def measure_capacity(args: argparse.Namespace) -> int:
         "recorded_rps": recorded_rate(tuning),
         "slos": [s.spec() for s in slos],
         "ladder": ladder.model_dump(),
-        "mode": run_args.mode,
-        "speedup": run_args.speedup,
+        "mode": request.mode,
+        "speedup": request.speedup,
         "defaults": defaults,
         "baseline_engine": stored_engine(baseline.engine),
         "grid": {"max_num_seqs": list(args.seqs), "max_num_batched_tokens": list(args.batched)},

@@ -148,6 +148,7 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
     to the grid); `first_moves=False`: plain TPE from the baseline on. The points it launched."""
     import optuna
 
+    from autotune.request import DEFAULT_REPEATS, DEFAULT_TOP_K
     from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 
     class PlainTPEStudy(TuningStudy):
@@ -164,6 +165,8 @@ def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = T
             study_name=f"replay-{seed}",
             output_dir=Path(scratch),
             n_trials=n_trials,
+            top_k=DEFAULT_TOP_K,  # no gate is replayed; the study's settings as `autotune run`'s
+            repeats=DEFAULT_REPEATS,
             seed=seed,
             prune=False,  # a pruned goodput trial cannot be replayed (capacity never prunes)
             # Nothing to keep, and SQLite's writes would take most of the replay's time.

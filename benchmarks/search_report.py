@@ -14,7 +14,7 @@ from benchmarks.search_table import load_table, relative_dir
 
 
 def replay(args: argparse.Namespace) -> int:
-    from autotune.plan import DEFAULT_TRIALS
+    from autotune.request import DEFAULT_TRIALS
 
     recorder = Recorder("search_efficiency", "Search efficiency: our tuner vs plain TPE, random search "
                         "and the grid, on measured grids (issue 18)", "quick" if args.quick else "full")

@@ -84,9 +84,8 @@ def test_every_room_is_a_package_and_no_module_is_left_at_an_old_path() -> None:
     top = {path.stem for path in AUTOTUNE.glob("*.py")}
     moved = {path.stem for room in ROOMS for path in (AUTOTUNE / room).glob("*.py")}
     assert not (top & (moved - {"__init__"}))
-    # The command line's modules before autotune/cli/ held them all (autotune/run_cli.py only
-    # re-exports run_request, for benchmarks/search_measure.py).
-    for old in ("cli", "retune", "worker_cli", "fork_server_cli", "measure_flags"):
+    # The command line's modules before autotune/cli/ held them all.
+    for old in ("cli", "run_cli", "retune", "worker_cli", "fork_server_cli", "measure_flags"):
         assert not (AUTOTUNE / f"{old}.py").exists(), old
     assert not any((AUTOTUNE.parent / "workloads" / f"{old}.py").exists() for old in ("cli", "replay_cli"))
 

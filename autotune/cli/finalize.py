@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             "report.md, exactly as `autotune run` does after its search. One finalize per study."
         ),
     )
-    add_study_flags(parser.add_argument)
+    add_study_flags(parser)
     parser.add_argument("--partial", action="store_true",
                         help="validate what was measured even if the study has fewer trials than asked")
     parser.add_argument("--again", action="store_true",

@@ -42,19 +42,22 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.flags import add_measurement_flags, measurement_fields
+from autotune.cli.flags import request_fields
 from autotune.decide.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
 from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
 from autotune.errors import AutotuneError, describe_command
 from autotune.measure.server_registry import reap_stale_servers
-from autotune.measure.servers import add_server_flags, deployed_server, trial_server
-from autotune.plan import (
+from autotune.measure.servers import deployed_server
+from autotune.options import add_flags
+from autotune.plan import TuningPlan
+from autotune.progress import parse_duration, say
+from autotune.request import (
     DEFAULT_HEADROOM,
     DEFAULT_TRIALS,
-    TuningPlan,
+    MEASUREMENT_FIELDS,
+    RUN_GROUPS,
     TuningRequest,
 )
-from autotune.progress import parse_duration, say
 from autotune.search.warm_start import WarmStart, warm_start_trials
 from server.config import ServerConfig
 from workloads.trace_io import TraceWarning, write_trace
@@ -190,9 +193,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="drift: relative change of mean concurrency",
     )
-    add_measurement_flags(add)
-    add_server_flags(add, default_help="the server the deployed config's trials ran on, from its "
-                                       "provenance; autotune when it does not say")
+    # How each config is measured and re-checked: `autotune run`'s fields, declared there.
+    add_flags(parser, TuningRequest, groups=RUN_GROUPS, only=MEASUREMENT_FIELDS,
+              default_help={"server": "the server the deployed config's trials ran on, from its "
+                                      "provenance; autotune when it does not say"})
     parser.set_defaults(func=retune_command)
 
 
@@ -204,8 +208,6 @@ def check_flags(args: argparse.Namespace) -> None:
         raise AutotuneError(f"--trials {args.trials}: must be at least 1 (the deployed config)")
     if args.warm_start < 0:
         raise AutotuneError(f"--warm-start {args.warm_start}: must be 0 or more")
-    if args.top_k < 1 or args.repeats < 1:
-        raise AutotuneError("--top-k and --repeats must be at least 1")
     if not args.headroom >= 1:
         raise AutotuneError(
             f"--headroom {args.headroom}: must be at least 1 (1 = the deployed config just "
@@ -306,9 +308,8 @@ def prepare(
         slos=args.slo or provenance.get("slos") or None,
         objective=args.objective or provenance.get("objective") or "goodput",
         headroom=args.headroom,
-        **measurement_fields(args),
-        trial_server=trial_server(args.server, args.api_server_count,
-                                  default=deployed_server(provenance)),
+        **request_fields(args, only=MEASUREMENT_FIELDS),
+        default_server=deployed_server(provenance),
     )
     plan = prepare_plan(request)
     limit = min(args.warm_start, max(0, args.trials - 1))

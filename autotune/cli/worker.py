@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             "for another worker. Needs: the database, the model, and this Python environment."
         ),
     )
-    add_study_flags(parser.add_argument)
+    add_study_flags(parser)
     parser.set_defaults(func=worker_command)
 
 

@@ -176,19 +176,6 @@ def our_server_settings(config: ServerConfig) -> list[str]:
     return changed
 
 
-def add_server_flags(add: Any, *, default_help: str = "autotune") -> None:
-    """`--server` and `--api-server-count`, as `autotune run` and `retune` take them."""
-    add("--server", choices=SERVER_CHOICES, default=None,
-        help="what runs each trial: autotune (our server, `python -m server`) or vllm (stock "
-             "`vllm serve` from this Python's vLLM, for deployments that run it); best.yaml is "
-             f"the same file either way (default: {default_help})")
-    add("--api-server-count", type=int, default=None, metavar="N",
-        help="front-end processes sharing one engine core, for every trial: `vllm serve "
-             "--api-server-count N` with --server vllm, `python -m server --api-processes N` "
-             "with ours (best.yaml keeps it as serving.api_processes) (default: vLLM's; ours: "
-             "the baseline's serving.api_processes)")
-
-
 def trial_server(
     kind: str | None, api_server_count: int | None, *, default: ServerKind = "autotune"
 ) -> TrialServer:

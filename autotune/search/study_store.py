@@ -40,7 +40,7 @@ from workloads.slo import SLO
 from workloads.trace import Trace
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class StudyOptions:
     study_name: str
     output_dir: Path
@@ -48,14 +48,15 @@ class StudyOptions:
     # search benchmark replays studies in Optuna's in-memory storage).
     storage: str | optuna.storages.BaseStorage | None = None
     resume: bool = False
-    n_trials: int | None = 6  # total, the baseline included
+    # The study's size and gate, always given (autotune.request holds the command's defaults).
+    n_trials: int | None  # total, the baseline included
     time_budget_s: float | None = None  # for the search; the gate comes after
     # Accelerator-seconds the search may spend holding engines (`--gpu-seconds`): each
     # trial's wall time x the devices its config's engine holds (`engine_devices`).
     gpu_seconds: float | None = None
     seed: int = 0
-    top_k: int = 3
-    repeats: int = 3
+    top_k: int
+    repeats: int
     prune: bool = True
     # `autotune run --resume`: the runs an interrupted gate measured are kept (whole rounds only
     # from another machine: autotune.search.gate_runner)

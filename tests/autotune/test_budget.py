@@ -13,7 +13,7 @@ from autotune import prepare
 from autotune.cli import main
 from autotune.errors import AutotuneError
 from autotune.measure.trial import TrialOutcome, TrialTiming
-from autotune.plan import DEFAULT_TRIALS
+from autotune.request import DEFAULT_TRIALS
 from autotune.search.objective import default_slos, parse_objective
 from autotune.search.space import SearchSpace
 from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
@@ -65,7 +65,7 @@ def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tupl
     window = Trace.from_requests(
         [TraceRequest(timestamp=i * 500.0, input_length=50, output_length=20) for i in range(20)])
     study = TuningStudy(
-        options=StudyOptions(study_name="budget", output_dir=tmp_path, n_trials=None,
+        options=StudyOptions(study_name="budget", output_dir=tmp_path, n_trials=None, top_k=1, repeats=1,
                              gpu_seconds=gpu_seconds, prune=False,
                              storage=optuna.storages.InMemoryStorage()),
         inputs=SearchInputs(

@@ -7,7 +7,6 @@ the trial-level rules run against the real fake-server process.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
-from autotune.cli.flags import CLIENT_LAG_ENV, add_measurement_flags, measurement_fields
+from autotune.cli import build_parser, main
+from autotune.cli.flags import CLIENT_LAG_ENV, request_fields
 from autotune.measure.ladder import LadderSettings, LoadLadder, client_fell_behind, offered_rate
 from autotune.measure.scraper import MetricsSnapshot
 from autotune.measure.trial import TrialRunner
@@ -235,9 +234,8 @@ def test_a_bad_client_lag_limit_is_refused_in_one_line(value: str, tmp_path: Pat
 
 
 def lag_limit_from(argv: list[str], environ: dict[str, str]) -> float | None:
-    parser = argparse.ArgumentParser()
-    add_measurement_flags(parser.add_argument)
-    return measurement_fields(parser.parse_args(argv), environ)["max_client_lag_ms"]
+    args = build_parser().parse_args(["run", "--workload", "w.jsonl", *argv])
+    return request_fields(args, only=("max_client_lag_ms",), environ=environ).get("max_client_lag_ms")
 
 
 def test_the_environment_sets_the_lag_limit_and_the_flag_wins_over_it() -> None:

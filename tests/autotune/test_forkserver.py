@@ -31,8 +31,8 @@ from autotune.measure.server_start import SERVER_NICE
 from autotune.measure.servers import TrialServer
 from autotune.measure.trial import TrialRunner
 from autotune.pipeline import build_runner
-from autotune.plan import TuningRequest
 from autotune.prepare import prepare_plan
+from autotune.request import TuningRequest
 from server.config import ServerConfig
 
 SAMPLE = Path(__file__).resolve().parents[2] / "workloads" / "samples" / "translation_trace.jsonl"
@@ -136,7 +136,7 @@ def test_closing_ends_the_fork_server(tmp_path: Path) -> None:
 ])
 def test_which_runs_fork_their_servers(tmp_path: Path, flag: str, server: TrialServer, forks: bool) -> None:
     plan = prepare_plan(TuningRequest(workload=str(SAMPLE), study_name="s", output_dir=tmp_path,
-                                      command_line=["autotune", "run"], fork_servers=flag, trial_server=server))
+                                      command_line=["autotune", "run"], fork_servers=flag, server=server.kind))
     runner = build_runner(plan, registry=tmp_path / "servers.json")
     assert runner.preload_server is forks
     # A fake server command (tests') is never forked: the fork server runs our server's main.

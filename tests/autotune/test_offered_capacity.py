@@ -32,8 +32,8 @@ from autotune.measure.ladder import (
     step_is_idle,
     step_trace,
 )
-from autotune.plan import TuningRequest
 from autotune.prepare import ladder_settings
+from autotune.request import TuningRequest
 from workloads.importers import import_azure
 from workloads.replay import ReplayOptions
 from workloads.replay_summary import ReplayResult, ReplaySummary, RequestRecord

@@ -20,8 +20,9 @@ from autotune.distributed import WorkerIdentity, connect, create_shared_study, f
 from autotune.errors import NothingMeasured
 from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.pipeline import execute
-from autotune.plan import TuningPlan, TuningRequest
+from autotune.plan import TuningPlan
 from autotune.prepare import prepare_plan
+from autotune.request import TuningRequest
 from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.replay_summary import ReplaySummary

@@ -268,8 +268,8 @@ def test_windows_either_hold_what_each_percentile_needs_or_are_refused(
 
 
 def test_config_files_that_name_no_model_serve_the_runs_model(tmp_path: Path) -> None:
-    from autotune.plan import TuningRequest
     from autotune.prepare import prepare_plan
+    from autotune.request import TuningRequest
 
     # A GPU share and a hand-tuned config, as users write them: no model named.
     share, tuned = tmp_path / "share.yaml", tmp_path / "tuned.yaml"

@@ -19,8 +19,8 @@ import yaml
 
 import server.config
 from autotune.cli import main
-from autotune.plan import TuningRequest
 from autotune.prepare import prepare_plan
+from autotune.request import TuningRequest
 from server.config import DEFAULT_MODEL_DIR
 from workloads.trace_io import read_trace, write_trace
 

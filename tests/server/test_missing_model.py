@@ -15,8 +15,8 @@ import pytest
 
 from autotune.cli import main as autotune_main
 from autotune.measure.server_start import free_port
-from autotune.plan import TuningRequest
 from autotune.prepare import prepare_plan
+from autotune.request import TuningRequest
 from server.config import (
     DEFAULT_MODEL_DIR,
     NO_MODEL_RULE,

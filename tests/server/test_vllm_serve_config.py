@@ -12,8 +12,8 @@ import yaml
 
 from autotune.cli import main as autotune_main
 from autotune.decide.export import final_config
-from autotune.plan import TuningRequest
 from autotune.prepare import prepare_plan
+from autotune.request import TuningRequest
 from server.config import ConfigError, ServerConfig
 from tests.server.server_process import config_server
 
