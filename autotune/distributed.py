@@ -473,7 +473,7 @@ def finalize(
     say: Callable[[str], None] = _say,
     sleep: Callable[[float], None] = time.sleep,
     fork_server_socket: Path | None = None,
-) -> int:
+) -> pipeline.RunOutcome:
     """Once the search is over: the gate, best.yaml and report.md, as `autotune run` makes."""
     plan = load_shared(storage, study_name, url, output_dir, fork_server_socket=fork_server_socket)
     check_writable(output_dir)
@@ -497,7 +497,7 @@ def finalize(
         say(f"finalising study {study_name}: {len(trials)} trials from {len(workers)} worker(s)"
             + (f", {len(lost)} of them retries of lost trials" if lost else "")
             + "; validating on the held-out window")
-        code = pipeline.finish(
+        outcome = pipeline.finish(
             plan,
             tuning,
             study,
@@ -507,4 +507,4 @@ def finalize(
         claim.release()  # a finalize that did not finish must not block the next one
         raise
     claim.done(output_dir)
-    return code
+    return outcome

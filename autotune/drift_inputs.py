@@ -1,9 +1,8 @@
 """The drift check's inputs for `autotune retune`: the current traffic (a trace or the
-recorder's folder), the reference it is compared with, and the thresholds from the flags."""
+recorder's folder), the reference it is compared with, and the thresholds."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +23,41 @@ def load_current(path: Path) -> Any:
     return load_trace(path)
 
 
-def load_drift_reference(args: argparse.Namespace, deployed: ServerConfig) -> tuple[Any, str]:
-    """(reference, where it came from): --reference, else the deployed config's stored
-    profile, else the trace the deployed config was tuned on if it is still there."""
+def load_drift_reference(reference: Path | None, config_path: Path, deployed: ServerConfig) -> tuple[Any, str]:
+    """(reference, where it came from): `reference` (--reference), else the stored profile of
+    the deployed config (`deployed`, read from `config_path`), else the trace it was tuned on
+    if that is still there."""
     from workloads.drift import load_reference
     from workloads.profile import TraceProfile
 
-    if args.reference is not None:
-        return load_reference(args.reference), str(args.reference)
+    if reference is not None:
+        return load_reference(reference), str(reference)
     provenance = deployed.provenance or {}
     if isinstance(provenance.get("profile"), dict):
         profile = TraceProfile.model_validate(provenance["profile"])
         if profile.length_sample.input_lengths:
-            return profile, f"{args.config} (provenance.profile)"
+            return profile, f"{config_path} (provenance.profile)"
     source = (provenance.get("workload") or {}).get("source")
     if source and Path(source).is_file():
-        return load_trace(source), f"{source} (the trace {args.config} was tuned on)"
+        return load_trace(source), f"{source} (the trace {config_path} was tuned on)"
     raise AutotuneError(
-        f"{args.config}: key 'additional-config.vllm_autotune.provenance.profile' is missing "
+        f"{config_path}: key 'additional-config.vllm_autotune.provenance.profile' is missing "
         f"and the tuning trace {source!r} is not readable; pass --reference TRACE"
     )
 
 
-def drift_thresholds(args: argparse.Namespace) -> Any:
+def drift_thresholds(*, ks_statistic: float | None = None, rate_change: float | None = None,
+                     burstiness_change: float | None = None,
+                     concurrency_change: float | None = None) -> Any:
+    """workloads.drift.DriftThresholds with the given ones (None: its default); a bad value is
+    refused in one line."""
     from workloads.drift import DriftThresholds
 
     given = {
-        "ks_statistic": args.ks_threshold,
-        "rate_change": args.rate_threshold,
-        "burstiness_change": args.burstiness_threshold,
-        "concurrency_change": args.concurrency_threshold,
+        "ks_statistic": ks_statistic,
+        "rate_change": rate_change,
+        "burstiness_change": burstiness_change,
+        "concurrency_change": concurrency_change,
     }
     try:
         return DriftThresholds(**{k: v for k, v in given.items() if v is not None})

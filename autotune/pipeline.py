@@ -17,7 +17,7 @@ import socket
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 
@@ -106,7 +106,18 @@ def create_study(
     return study
 
 
-def execute(plan: TuningPlan, *, runner: Any, reap: Callable[[Path], list[int]] | None) -> int:
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What a finished run produced: `verdict` "validated" (a config beat the baseline beyond
+    the noise) or "kept" (the baseline stays, its measured standing in the report), and the
+    paths of best.yaml and report.md. A run that measured nothing raises NothingMeasured."""
+
+    verdict: Literal["validated", "kept"]
+    best_yaml: Path
+    report: Path
+
+
+def execute(plan: TuningPlan, *, runner: Any, reap: Callable[[Path], list[int]] | None) -> RunOutcome:
     """Search, then `finish`: `autotune run` (and `retune`, on the study it created).
     `reap` ends the servers a killed earlier run left behind (None: nothing to end)."""
     tuning = build_study(
@@ -140,7 +151,7 @@ def finish(
     study: optuna.Study,
     *,
     search_extra: dict[str, Any] | None = None,
-) -> int:
+) -> RunOutcome:
     """The gate, best.yaml and report.md for a study whose search is over.
 
     Only a study with a measured baseline gets a gate and a best.yaml; without one, report.md
@@ -243,7 +254,8 @@ def finish(
                                           f"median in the gate, {'every' if free['eligible'] else 'not every'} "
                                           "SLO in every repeat)" if free else "no config but the baseline"))
     say(f"wrote {best_path} and {report}")
-    return 0
+    return RunOutcome(verdict="kept" if decision.keep_baseline else "validated", best_yaml=best_path,
+                      report=report)
 
 
 def clamped(plan: TuningPlan) -> dict[str, Any]:

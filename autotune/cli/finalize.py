@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from autotune.cli.flags import add_study_flags, fork_server_socket
-from autotune.errors import describe_command
+from autotune.errors import EXIT_OK, describe_command
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def finalize_command(args: argparse.Namespace) -> int:
     fork_server = fork_server_socket(args.fork_server_socket, os.environ)  # refused before connecting
     storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
                       grace_period_s=args.grace_period, max_retry=args.max_retry)
-    return finalize(
+    finalize(
         storage,
         args.study,
         url=args.storage,
@@ -50,3 +50,4 @@ def finalize_command(args: argparse.Namespace) -> int:
         wait_timeout_s=args.wait,
         fork_server_socket=fork_server,
     )
+    return EXIT_OK

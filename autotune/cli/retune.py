@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.cli.flags import request_fields
-from autotune.decide.publish import EXIT_KEPT_DEPLOYED, EXIT_NEW_CONFIG, next_version, publish  # noqa: F401
+from autotune.decide.publish import next_version, publish
 from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
 from autotune.errors import AutotuneError, describe_command
 from autotune.measure.server_registry import reap_stale_servers
@@ -69,7 +69,8 @@ if TYPE_CHECKING:
 
 EXIT_NO_DRIFT = 0
 EXIT_DRY_RUN_DRIFT = 3  # as `autotune drift`
-# EXIT_NEW_CONFIG = 10, EXIT_KEPT_DEPLOYED = 11: autotune.decide.publish's, imported above
+EXIT_NEW_CONFIG = 10
+EXIT_KEPT_DEPLOYED = 11
 DEFAULT_WARM_START = 4
 
 
@@ -232,8 +233,11 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)  # a recording may be re-sorted; fine
         current = load_current(args.current)
-    reference, reference_source = load_drift_reference(args, deployed)
-    report = compare(reference, current, drift_thresholds(args))
+    reference, reference_source = load_drift_reference(args.reference, args.config, deployed)
+    thresholds = drift_thresholds(ks_statistic=args.ks_threshold, rate_change=args.rate_threshold,
+                                  burstiness_change=args.burstiness_threshold,
+                                  concurrency_change=args.concurrency_threshold)
+    report = compare(reference, current, thresholds)
     say(f"drift check against {reference_source}:")
     say(report.format())
     if not report.drifted and not args.force:
@@ -266,7 +270,8 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
             return EXIT_KEPT_DEPLOYED
     say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {args.config})")
     run_study(plan, warm, runner=runner)
-    return publish(args, deployed, current, report, plan, warm, out_dir, version)
+    published = publish(args.config, deployed, current, report, plan, warm, out_dir, version)
+    return EXIT_NEW_CONFIG if published else EXIT_KEPT_DEPLOYED
 
 
 def prepare(

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from autotune.cli.flags import request_fields
-from autotune.errors import describe_command
+from autotune.errors import EXIT_OK, describe_command
 from autotune.measure.server_registry import reap_stale_servers
 from autotune.options import add_flags
 from autotune.progress import say
@@ -46,9 +46,10 @@ def run_command(args: argparse.Namespace) -> int:
     plan = prepare_plan(request)
     if request.workers_only:
         create_shared_study(plan, say=say)
-        return 0
+        return EXIT_OK
     runner = pipeline.build_runner(plan, registry=plan.output_dir / "servers.json", say=say)
-    return pipeline.execute(plan, runner=runner, reap=reap_stale_servers)
+    pipeline.execute(plan, runner=runner, reap=reap_stale_servers)
+    return EXIT_OK
 
 
 def run_request(args: argparse.Namespace) -> TuningRequest:

@@ -3,7 +3,6 @@ beside it, only when the gate chose a config over the deployed one."""
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 from pathlib import Path
@@ -17,8 +16,6 @@ from server.config import ServerConfig
 from workloads.files import atomic_file
 
 # SciPy (profiles) is imported inside publish: `autotune --help` imports this module.
-EXIT_NEW_CONFIG = 10
-EXIT_KEPT_DEPLOYED = 11
 VERSION = re.compile(r"^best-v(\d+)\.yaml$")
 
 
@@ -40,7 +37,7 @@ def atomic_copy(source: Path, target: Path) -> None:
 
 
 def publish(
-    args: argparse.Namespace,
+    previous_config: Path,
     deployed: ServerConfig,
     current: Any,
     report: Any,
@@ -48,8 +45,9 @@ def publish(
     warm: list[WarmStart],
     out_dir: Path,
     version: int,
-) -> int:
-    """Writes best-v{N}.yaml and best.yaml if the gate chose a config over the deployed one."""
+) -> bool:
+    """Writes best-v{N}.yaml and best.yaml if the gate chose a config over the deployed one
+    (`previous_config`: the deployed file); True when it did, False when the deployed one stays."""
     from workloads.profile import profile_trace
 
     work_dir = plan.output_dir
@@ -59,11 +57,11 @@ def publish(
     if decision.get("kept_baseline", True):
         say(f"the deployed config stays: {decision.get('reason', 'no winner')}")
         say(f"study and report: {work_dir}")
-        return EXIT_KEPT_DEPLOYED
+        return False
     provenance["profile"] = profile_trace(current).model_dump(mode="json")
     provenance["retune"] = {
         "version": version,
-        "previous_config": str(args.config),
+        "previous_config": str(previous_config),
         "previous_date": (deployed.provenance or {}).get("date"),
         "trigger": "drift" if report.drifted else "forced",
         "drift": report.model_dump(mode="json"),
@@ -84,4 +82,4 @@ def publish(
     say(header_text(provenance, versioned.name).splitlines()[1])
     say("changed: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
     say(f"wrote {versioned} and {current_path}; restart the servers to use it")
-    return EXIT_NEW_CONFIG
+    return True

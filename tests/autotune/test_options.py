@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from pathlib import Path
 from typing import Annotated
@@ -83,3 +84,24 @@ def test_adding_an_option_is_adding_one_field() -> None:
     assert "--depth N" in parser.format_help() and "(default: 3)" in parser.format_help()
     assert Options(**flag_values(parser.parse_args(["--depth", "5"]), Options)) == Options(depth=5)
     assert Options(**flag_values(parser.parse_args([]), Options)) == Options()
+
+
+def test_nothing_below_the_command_line_reads_flags_or_returns_an_exit_code() -> None:
+    # Below autotune/cli/, code takes typed values and returns typed outcomes (RunOutcome, a
+    # published flag); only the command line turns them into exit codes. autotune/options.py
+    # is the flag machinery itself; the fork server's process entry parses its own two flags.
+    package = CLI.parent
+    exempt = {package / "options.py", package / "errors.py", package / "measure" / "forkserver_process.py"}
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if CLI in path.parents or path in exempt:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and node.annotation is not None and \
+                    "Namespace" in ast.unparse(node.annotation):
+                offenders.append(f"{path.relative_to(package.parent)}: parameter {node.arg}")
+            if isinstance(node, ast.ImportFrom) and node.module == "autotune.errors" and \
+                    any(alias.name.startswith("EXIT_") for alias in node.names):
+                offenders.append(f"{path.relative_to(package.parent)}: imports an exit code")
+    assert not offenders, offenders

@@ -84,7 +84,7 @@ def test_a_baseline_that_fails_stops_the_run_at_once_and_exports_nothing(tmp_pat
 
     # --resume measures the baseline again (the failure may have been the machine's) and goes on.
     again = Runner()
-    assert execute(plan(tmp_path, resume=True), runner=again, reap=None) == 0
+    assert execute(plan(tmp_path, resume=True), runner=again, reap=None).best_yaml.exists()
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
     baselines = [t for t in study.trials if t.user_attrs.get("baseline")]
     assert [t.user_attrs["failure"] for t in baselines] == ["http_errors", None]
@@ -100,7 +100,7 @@ def test_the_cli_exits_12_and_documents_its_exit_codes(tmp_path: Path, capsys) -
 
 
 def test_a_kept_baseline_reports_its_measured_standing(tmp_path: Path, capsys) -> None:
-    assert execute(plan(tmp_path), runner=Runner(flat=True), reap=None) == 0
+    assert execute(plan(tmp_path), runner=Runner(flat=True), reap=None).verdict == "kept"
     report = (tmp_path / "report.md").read_text()
     assert report.splitlines()[0].startswith("# The baseline was kept")
     standing = next(line for line in report.splitlines() if line.startswith("Baseline measured: "))
@@ -113,7 +113,7 @@ def test_a_kept_baseline_reports_its_measured_standing(tmp_path: Path, capsys) -
 
 
 def test_a_better_config_is_named_on_the_first_line(tmp_path: Path) -> None:
-    assert execute(plan(tmp_path, trials=8), runner=Runner(), reap=None) == 0
+    assert execute(plan(tmp_path, trials=8), runner=Runner(), reap=None).verdict == "validated"
     first = (tmp_path / "report.md").read_text().splitlines()[0]
     assert first.startswith("# A better config was validated")
 

@@ -236,8 +236,9 @@ def test_finalize_validates_once_and_reports_each_trials_host(tmp_path: Path, ur
     lines: list[str] = []
     identity = WorkerIdentity(host="boss", worker="gpu0")
     runner = FakeRunner()
-    assert finalize(storage, NAME, url=url, output_dir=out, identity=identity, runner=runner,
-                    say=lines.append, sleep=lambda s: None) == 0
+    outcome = finalize(storage, NAME, url=url, output_dir=out, identity=identity, runner=runner,
+                       say=lines.append, sleep=lambda s: None)
+    assert outcome.best_yaml == out / "best.yaml" and outcome.report.exists()
     assert len(runner.seen) == 4  # top 1 and the baseline, 2 repeats each: the gate ran here
     best = ServerConfig.load(out / "best.yaml")
     assert best.provenance["study"]["workers"] == ["ghost/gpu3", "host-a/gpu0"]
