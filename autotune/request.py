@@ -91,8 +91,9 @@ class TuningRequest(BaseModel):
     objective: Annotated[str, Flag(
         "objective", "capacity (the highest req/s at which every SLO holds, found by a load "
         "ladder in one launch per config), goodput (req/s meeting every SLO at the recorded "
-        "rate), throughput, pareto[:METRIC_pPCT] (throughput vs a latency percentile), or "
-        "min-memory (the smallest gpu_memory_utilization that meets every SLO at the recorded "
+        "rate), capacity-per-gpu (capacity over the GPUs one engine of the config holds, TP x PP "
+        "x DP: which topology serves the most per GPU; the gate compares it), throughput, "
+        "pareto[:METRIC_pPCT] (throughput vs a latency percentile), or min-memory (the smallest gpu_memory_utilization that meets every SLO at the recorded "
         "rate x --headroom; for several models on one GPU)")] = "capacity"
     headroom: Annotated[float, Flag(
         "objective", "min-memory objective: every SLO must hold at H x the traffic's recorded "
@@ -119,7 +120,10 @@ class TuningRequest(BaseModel):
         parse=_gpu_seconds)] = None
     space: Annotated[Path | None, Flag(
         "search", "widen/narrow/add searched engine arguments and relations (see "
-        "docs/reference/config.md, search space file)", metavar="FILE.yaml")] = None
+        "docs/reference/config.md, search space file); on a host of 2+ GPUs "
+        "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L) the built-in space also searches "
+        "tensor_parallel_size and data_parallel_size, only as topologies that fit "
+        "(TP*PP*DP <= host_gpus)", metavar="FILE.yaml")] = None
     # Knobs that change the model's numerics, added to the space (autotune.search.numerics).
     allow: Annotated[list[Literal["fp8"]], Flag(
         "search", "also search knobs that change the model's outputs: fp8 = vLLM's "

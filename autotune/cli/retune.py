@@ -158,7 +158,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add(
         "--objective",
         default=None,
-        help="capacity, goodput, throughput, min-memory or pareto[:METRIC_pPCT] (default: the "
+        help="capacity, capacity-per-gpu, goodput, throughput, min-memory or pareto[:METRIC_pPCT] (default: the "
         "deployed config's, else goodput). Only capacity measures the deployed config first and "
         "keeps it while it has --headroom; the others re-tune on every drift",
     )
