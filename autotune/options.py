@@ -82,10 +82,13 @@ def add_flags(
     if only is not None:
         wanted = set(only)
         chosen = {name: spec for name, spec in chosen.items() if name in wanted}
-    sections = {group: parser.add_argument_group(f"{group} options") for group in groups}
-    for name, (info, flag) in chosen.items():
-        if flag.group not in sections:
+    for name, (_, flag) in chosen.items():
+        if flag.group not in groups:
             raise ValueError(f"{model.__name__}.{name}: help group {flag.group!r} not in {list(groups)}")
+    sections = {group: parser.add_argument_group(f"{group} options") for group in groups}
+    # Group by group (usage lists them so too), a group's required flags first, else as declared.
+    ordered = sorted(chosen.items(), key=lambda item: (groups.index(item[1][1].group), not item[1][1].required))
+    for name, (info, flag) in ordered:
         sections[flag.group].add_argument(
             flag.spelled(name), dest=name, **_argparse_kwargs(info, flag, (default_help or {}).get(name)))
 

@@ -46,19 +46,99 @@ DEFAULT_HEADROOM = 1.5
 CLIENT_LAG_ENV = "AUTOTUNE_MAX_CLIENT_LAG_MS"
 FORK_SERVER_SOCKET_ENV = "AUTOTUNE_FORK_SERVER_SOCKET"
 
-# `autotune run --help`'s sections, in this order.
+# `autotune run --help`'s sections, in this order; `retune --help`'s.
 RUN_GROUPS = ("workload and model", "objective", "search", "ladder", "windows", "gate", "server", "output")
-# The fields `retune` takes as `run` does: how each config is measured and re-checked.
-MEASUREMENT_FIELDS = ("over_context", "step_requests", "ladder_resolution", "max_speedup",
-                      "max_client_lag_ms", "speedup", "mode", "tuning_window_s",
-                      "holdout_window_s", "seed", "top_k", "repeats", "startup_timeout_s",
-                      "client_cpus", "fork_servers", "fork_server_socket", "server",
-                      "api_server_count")
+RETUNE_GROUPS = ("drift", *RUN_GROUPS)
+# Trials retune enqueues after the deployed baseline (the previous best, the neighbours).
+DEFAULT_WARM_START = 4
 
 _gpu_seconds = functools.partial(parse_duration, option="--gpu-seconds")
 
 
-class TuningRequest(BaseModel):
+class MeasurementOptions(BaseModel):
+    """How each config is measured and re-checked: the options `autotune run` and `retune`
+    share (the replay, the capacity ladder, the windows, the gate's size, the trial server),
+    declared once. `TuningRequest` is these and `run`'s own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    over_context: Annotated[Literal["refuse", "drop", "cap"], Flag(
+        "workload and model", "requests whose input + output exceed the model's context: refuse "
+        "the run, drop them from the trace, or cap them (prompts cut to fit); dropped or capped "
+        "requests are counted in the log, report.md and best.yaml")] = "refuse"
+    seed: Annotated[int, Flag("search", "sampler seed")] = 0
+
+    step_requests: Annotated[int | None, Flag(
+        "ladder", "capacity ladder: requests per load step, at least (default: what the SLO "
+        "percentiles need: 200 for a p95, 1,000 for a p99)", metavar="N")] = None
+    ladder_resolution: Annotated[float, Flag(
+        "ladder", "capacity ladder: stop bisecting when the failing rate is within this "
+        "fraction of the passing one", metavar="R")] = DEFAULT_LADDER_RESOLUTION
+    max_speedup: Annotated[float | None, Flag(
+        "ladder", "capacity ladder: the highest rate tried, as a multiple of the recorded rate; "
+        "a config that meets every SLO there is reported as carrying at least X (default: 256)",
+        metavar="X")] = None  # None: LadderSettings' own
+    max_client_lag_ms: Annotated[float | None, Flag(
+        "ladder", "a measured run (ladder step or window) whose replayer send-lag p99 exceeds "
+        f"this is not scored: the client, not only the server, shaped it (default: ${CLIENT_LAG_ENV} "
+        "if set, else a tenth of the tightest TTFT or E2E SLO threshold, at least 50)",
+        metavar="MS")] = None
+    speedup: Annotated[float, Flag(
+        "ladder", "replay arrivals this many times faster than recorded (timed mode)")] = 1.0
+    mode: Annotated[str, Flag(
+        "ladder", "replay at recorded arrival times, or closed loop with N requests in flight",
+        metavar="timed|concurrency=N")] = "timed"
+
+    tuning_window_s: Annotated[float, Flag(
+        "windows", "seconds of trace replayed per search trial; lengthened when too few "
+        "requests for the SLO percentiles (p95: 200, p99: 1,000)", name="--tuning-window",
+        metavar="S")] = DEFAULT_TUNING_S
+    holdout_window_s: Annotated[float, Flag(
+        "windows", "seconds of (disjoint) trace replayed per validation run; lengthened "
+        "likewise", name="--holdout-window", metavar="S")] = DEFAULT_HOLDOUT_S
+
+    top_k: Annotated[int, Flag(
+        "gate", "configs from the search re-run in validation beside the baseline",
+        metavar="K")] = DEFAULT_TOP_K
+    repeats: Annotated[int, Flag(
+        "gate", "validation repeats per config (interleaved)", metavar="R")] = DEFAULT_REPEATS
+    server: Annotated[ServerKind | None, Flag(
+        "server", "what runs each trial: autotune (our server, `python -m server`) or vllm "
+        "(stock `vllm serve` from this Python's vLLM, for deployments that run it); best.yaml is "
+        "the same file either way", shown_default="autotune")] = None
+    api_server_count: Annotated[int | None, Flag(
+        "server", "front-end processes sharing one engine core, for every trial: `vllm serve "
+        "--api-server-count N` with --server vllm, `python -m server --api-processes N` with "
+        "ours (best.yaml keeps it as serving.api_processes) (default: vLLM's; ours: the "
+        "baseline's serving.api_processes)", metavar="N")] = None
+    startup_timeout_s: Annotated[float, Flag(
+        "server", "seconds a server may take to become ready before the trial fails",
+        name="--startup-timeout", metavar="S")] = DEFAULT_STARTUP_TIMEOUT_S
+    client_cpus: Annotated[str, Flag(
+        "server", "CPUs of the load client (the replayer); the server gets the others: auto = "
+        "the last half of the host's CPUs on hosts of 8 or more with a GPU engine, off = "
+        "shared, or a list such as 12-15", metavar="auto|off|LIST")] = "auto"
+    fork_servers: Annotated[Literal["on", "off"], Flag(
+        "server", "start each trial's server (ours, not --server vllm) by forking a process "
+        "that imported vLLM once, instead of a fresh `python -m server`: ready in 0.3x the time "
+        "on a 2-core CPU, 0.5x on an H200 with a 1.5B model")] = "on"
+    fork_server_socket: Annotated[Path | None, Flag(
+        "server", "fork trial servers from the shared fork server listening here (`autotune "
+        "fork-server --socket PATH`) where it imported vLLM in this environment, else from one "
+        f"of our own, where fork servers are on (default: ${FORK_SERVER_SOCKET_ENV})",
+        metavar="PATH")] = None
+
+    @model_validator(mode="after")
+    def _measurement_checked(self) -> MeasurementOptions:
+        if self.top_k < 1 or self.repeats < 1:
+            raise AutotuneError("--top-k and --repeats must be at least 1")
+        if self.max_client_lag_ms is not None and not self.max_client_lag_ms > 0:
+            raise AutotuneError(f"--max-client-lag-ms {self.max_client_lag_ms:g}: must be above 0 "
+                                "(e.g. 50)")
+        return self
+
+
+class TuningRequest(MeasurementOptions):
     """`autotune run`'s options, typed; defaults are the command's defaults."""
 
     model_config = ConfigDict(extra="forbid")
@@ -75,10 +155,6 @@ class TuningRequest(BaseModel):
     max_model_len: Annotated[int | None, Flag(
         "workload and model", "vLLM max_model_len (default: the model's; 2048 for the embedded "
         "model)", metavar="TOKENS")] = None
-    over_context: Annotated[Literal["refuse", "drop", "cap"], Flag(
-        "workload and model", "requests whose input + output exceed the model's context: refuse "
-        "the run, drop them from the trace, or cap them (prompts cut to fit); dropped or capped "
-        "requests are counted in the log, report.md and best.yaml")] = "refuse"
     baseline: Annotated[Path | None, Flag(
         "workload and model", "the config you run today (a server/vllm serve config; without "
         f"--model, {NO_MODEL_RULE}) (default: vLLM's defaults)", metavar="FILE.yaml")] = None
@@ -131,76 +207,11 @@ class TuningRequest(BaseModel):
         "GPU of compute capability 8.9+ (refused otherwise). Configs using them are marked "
         "\"changes numerics: check output quality before deploying\", and the best config "
         "without them is validated beside them (default: off)", metavar="fp8")] = []
-    seed: Annotated[int, Flag("search", "sampler seed")] = 0
-
-    # -- ladder ---------------------------------------------------------------------------
-    step_requests: Annotated[int | None, Flag(
-        "ladder", "capacity ladder: requests per load step, at least (default: what the SLO "
-        "percentiles need: 200 for a p95, 1,000 for a p99)", metavar="N")] = None
-    ladder_resolution: Annotated[float, Flag(
-        "ladder", "capacity ladder: stop bisecting when the failing rate is within this "
-        "fraction of the passing one", metavar="R")] = DEFAULT_LADDER_RESOLUTION
-    max_speedup: Annotated[float | None, Flag(
-        "ladder", "capacity ladder: the highest rate tried, as a multiple of the recorded rate; "
-        "a config that meets every SLO there is reported as carrying at least X (default: 256)",
-        metavar="X")] = None  # None: LadderSettings' own
-    max_client_lag_ms: Annotated[float | None, Flag(
-        "ladder", "a measured run (ladder step or window) whose replayer send-lag p99 exceeds "
-        f"this is not scored: the client, not only the server, shaped it (default: ${CLIENT_LAG_ENV} "
-        "if set, else a tenth of the tightest TTFT or E2E SLO threshold, at least 50)",
-        metavar="MS")] = None
-    speedup: Annotated[float, Flag(
-        "ladder", "replay arrivals this many times faster than recorded (timed mode)")] = 1.0
-    mode: Annotated[str, Flag(
-        "ladder", "replay at recorded arrival times, or closed loop with N requests in flight",
-        metavar="timed|concurrency=N")] = "timed"
-
-    # -- windows --------------------------------------------------------------------------
-    tuning_window_s: Annotated[float, Flag(
-        "windows", "seconds of trace replayed per search trial; lengthened when too few "
-        "requests for the SLO percentiles (p95: 200, p99: 1,000)", name="--tuning-window",
-        metavar="S")] = DEFAULT_TUNING_S
-    holdout_window_s: Annotated[float, Flag(
-        "windows", "seconds of (disjoint) trace replayed per validation run; lengthened "
-        "likewise", name="--holdout-window", metavar="S")] = DEFAULT_HOLDOUT_S
-
-    # -- gate -----------------------------------------------------------------------------
-    top_k: Annotated[int, Flag(
-        "gate", "configs from the search re-run in validation beside the baseline",
-        metavar="K")] = DEFAULT_TOP_K
-    repeats: Annotated[int, Flag(
-        "gate", "validation repeats per config (interleaved)", metavar="R")] = DEFAULT_REPEATS
+    # -- gate (top_k, repeats: MeasurementOptions) ------------------------------------------
     compare: Annotated[list[Path], Flag(
         "gate", "another config to measure beside the baseline and the top K on the held-out "
         "window (repeatable; e.g. your hand-tuned config; no model: as --baseline); reported, "
         "never exported", metavar="FILE.yaml")] = []
-
-    # -- server ---------------------------------------------------------------------------
-    server: Annotated[ServerKind | None, Flag(
-        "server", "what runs each trial: autotune (our server, `python -m server`) or vllm "
-        "(stock `vllm serve` from this Python's vLLM, for deployments that run it); best.yaml is "
-        "the same file either way", shown_default="autotune")] = None
-    api_server_count: Annotated[int | None, Flag(
-        "server", "front-end processes sharing one engine core, for every trial: `vllm serve "
-        "--api-server-count N` with --server vllm, `python -m server --api-processes N` with "
-        "ours (best.yaml keeps it as serving.api_processes) (default: vLLM's; ours: the "
-        "baseline's serving.api_processes)", metavar="N")] = None
-    startup_timeout_s: Annotated[float, Flag(
-        "server", "seconds a server may take to become ready before the trial fails",
-        name="--startup-timeout", metavar="S")] = DEFAULT_STARTUP_TIMEOUT_S
-    client_cpus: Annotated[str, Flag(
-        "server", "CPUs of the load client (the replayer); the server gets the others: auto = "
-        "the last half of the host's CPUs on hosts of 8 or more with a GPU engine, off = "
-        "shared, or a list such as 12-15", metavar="auto|off|LIST")] = "auto"
-    fork_servers: Annotated[Literal["on", "off"], Flag(
-        "server", "start each trial's server (ours, not --server vllm) by forking a process "
-        "that imported vLLM once, instead of a fresh `python -m server`: ready in 0.3x the time "
-        "on a 2-core CPU, 0.5x on an H200 with a 1.5B model")] = "on"
-    fork_server_socket: Annotated[Path | None, Flag(
-        "server", "fork trial servers from the shared fork server listening here (`autotune "
-        "fork-server --socket PATH`) where it imported vLLM in this environment, else from one "
-        f"of our own, where fork servers are on (default: ${FORK_SERVER_SOCKET_ENV})",
-        metavar="PATH")] = None
 
     # -- output ---------------------------------------------------------------------------
     study_name: Annotated[str | None, Flag(
@@ -233,14 +244,9 @@ class TuningRequest(BaseModel):
     def _checked_and_completed(self) -> TuningRequest:
         if self.trials is not None and self.trials < 1:
             raise AutotuneError(f"--trials {self.trials}: must be at least 1 (the baseline)")
-        if self.top_k < 1 or self.repeats < 1:
-            raise AutotuneError("--top-k and --repeats must be at least 1")
         if not self.headroom > 0:
             raise AutotuneError(f"--headroom {self.headroom:g}: must be above 0 (1.5 = 50% more "
                                 "than the recorded rate)")
-        if self.max_client_lag_ms is not None and not self.max_client_lag_ms > 0:
-            raise AutotuneError(f"--max-client-lag-ms {self.max_client_lag_ms:g}: must be above 0 "
-                                "(e.g. 50)")
         if self.workers_only and self.resume:
             raise AutotuneError("--workers-only creates a study; to add measurements to it start "
                                 "`autotune worker --storage URL --study NAME` instead of --resume")
@@ -258,3 +264,85 @@ class TuningRequest(BaseModel):
         """What runs each trial (--server, --api-server-count), checked now: a count below 1
         or a server this Python cannot start is refused before any trace is read."""
         return trial_server(self.server, self.api_server_count, default=self.default_server)
+
+
+# The fields `retune` takes as `run` does: how each config is measured and re-checked.
+MEASUREMENT_FIELDS = tuple(MeasurementOptions.model_fields)
+
+
+class RetuneRequest(MeasurementOptions):
+    """`autotune retune`'s options, typed: the drift check's, the re-tune's own, and how each
+    config is measured (MeasurementOptions, as `autotune run` takes them)."""
+
+    # -- drift ----------------------------------------------------------------------------
+    current: Annotated[Path, Flag(
+        "drift", "current traffic: a JSONL trace, or the server recorder's folder",
+        metavar="TRACE|DIR", required=True)]
+    config: Annotated[Path, Flag(
+        "drift", "the config the servers run now (an exported best.yaml)", metavar="DEPLOYED.yaml",
+        required=True)]
+    reference: Annotated[Path | None, Flag(
+        "drift", "drift reference (trace, profile .json or best.yaml) (default: the profile in "
+        "--config's provenance, else the trace it was tuned on)", metavar="REF")] = None
+    force: Annotated[bool, Flag(
+        "drift", "re-tune even without drift, and without the capacity check")] = False
+    dry_run: Annotated[bool, Flag("drift", "check drift and print the plan; start no server")] = False
+    ks_threshold: Annotated[float | None, Flag("drift", "drift: KS statistic threshold")] = None
+    rate_threshold: Annotated[float | None, Flag("drift", "drift: relative rate change")] = None
+    burstiness_threshold: Annotated[float | None, Flag(
+        "drift", "drift: relative change of the inter-arrival CV")] = None
+    concurrency_threshold: Annotated[float | None, Flag(
+        "drift", "drift: relative change of mean concurrency")] = None
+
+    # -- objective ------------------------------------------------------------------------
+    slos: Annotated[list[str] | None, Flag(
+        "objective", "an SLO, repeatable (default: the SLOs the deployed config was tuned under)",
+        name="--slo", metavar="METRIC_pPCT_ms=MS")] = None
+    objective: Annotated[str | None, Flag(
+        "objective", "capacity, capacity-per-gpu, goodput, throughput, min-memory or "
+        "pareto[:METRIC_pPCT] (default: the deployed config's, else goodput). Only capacity "
+        "measures the deployed config first and keeps it while it has --headroom; the others "
+        "re-tune on every drift")] = None
+    headroom: Annotated[float, Flag(
+        "objective", "capacity objective: the deployed config stays while its capacity on the "
+        "current traffic is at least H x the traffic's recorded rate (exit 11, no study); "
+        "min-memory (when the deployed config's objective does not name its own H): every SLO "
+        "must hold at H x the recorded rate", metavar="H")] = DEFAULT_HEADROOM
+
+    # -- search ---------------------------------------------------------------------------
+    trials: Annotated[int, Flag(
+        "search", "trials in the search, the deployed baseline and warm starts included",
+        metavar="N")] = DEFAULT_TRIALS
+    warm_start: Annotated[int, Flag(
+        "search", "trials enqueued after the baseline: the previous study's best and the "
+        "deployed config's neighbours", metavar="N")] = DEFAULT_WARM_START
+    time_budget_s: Annotated[float | None, Flag(
+        "search", "stop starting search trials after this long, e.g. 30m (default: --trials "
+        "decides)", name="--time-budget", metavar="DURATION", parse=parse_duration)] = None
+    space: Annotated[Path | None, Flag("search", "search space file", metavar="FILE.yaml")] = None
+
+    # -- output ---------------------------------------------------------------------------
+    output_dir: Annotated[Path | None, Flag(
+        "output", "where best-v{N}.yaml, best.yaml and the study folder go (default: --config's "
+        "folder)", metavar="DIR")] = None
+    storage: Annotated[str | None, Flag(
+        "output", "Optuna storage URL (default: sqlite in the study folder)", metavar="URL")] = None
+    study_name: Annotated[str | None, Flag(
+        "output", "Optuna study name (default: retune-v{N}-<UTC time>)")] = None
+
+    @model_validator(mode="after")
+    def _retune_checked(self) -> RetuneRequest:
+        if self.trials < 1:
+            raise AutotuneError(f"--trials {self.trials}: must be at least 1 (the deployed config)")
+        if self.warm_start < 0:
+            raise AutotuneError(f"--warm-start {self.warm_start}: must be 0 or more")
+        if not self.headroom >= 1:
+            raise AutotuneError(f"--headroom {self.headroom}: must be at least 1 (1 = the "
+                                "deployed config just carries the current traffic), e.g. 1.5")
+        if not self.current.exists():
+            raise AutotuneError(f"--current {self.current}: no such trace file or recorder folder")
+        return self
+
+    def measurement(self) -> dict[str, object]:
+        """The MeasurementOptions fields, by name, for the TuningRequest the re-tune runs."""
+        return {name: getattr(self, name) for name in MEASUREMENT_FIELDS}

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from autotune.errors import AutotuneError
 from autotune.measure.forkserver import SharedForkServer
 from autotune.options import add_flags, flag_values
@@ -89,11 +91,13 @@ def fork_server_socket(flag: Path | None, environ: Mapping[str, str], *, fork_se
     return path
 
 
-def request_fields(args: argparse.Namespace, *, only: Sequence[str] | None = None,
+def request_fields(args: argparse.Namespace, *, model: type[BaseModel] = TuningRequest,
+                   only: Sequence[str] | None = None,
                    environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The TuningRequest fields the user gave as flags (`only`: just these), with the client-lag
-    limit and the fork server's socket from the environment where their flags are not given."""
-    values = flag_values(args, TuningRequest, only=only)
+    """The `model` fields (a MeasurementOptions: TuningRequest, RetuneRequest) the user gave as
+    flags (`only`: just these), with the client-lag limit and the fork server's socket from the
+    environment where their flags are not given."""
+    values = flag_values(args, model, only=only)
     if only is None or "max_client_lag_ms" in only:
         lag = client_lag_limit(values.get("max_client_lag_ms"), environ)
         if lag is not None:

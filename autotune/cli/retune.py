@@ -45,19 +45,13 @@ from typing import TYPE_CHECKING, Any
 from autotune.cli.flags import request_fields
 from autotune.decide.publish import next_version, publish
 from autotune.drift_inputs import drift_thresholds, load_current, load_drift_reference
-from autotune.errors import AutotuneError, describe_command
+from autotune.errors import describe_command
 from autotune.measure.server_registry import reap_stale_servers
 from autotune.measure.servers import deployed_server
 from autotune.options import add_flags
 from autotune.plan import TuningPlan
-from autotune.progress import parse_duration, say
-from autotune.request import (
-    DEFAULT_HEADROOM,
-    DEFAULT_TRIALS,
-    MEASUREMENT_FIELDS,
-    RUN_GROUPS,
-    TuningRequest,
-)
+from autotune.progress import say
+from autotune.request import RETUNE_GROUPS, RetuneRequest, TuningRequest
 from autotune.search.warm_start import WarmStart, warm_start_trials
 from server.config import ServerConfig
 from workloads.trace_io import TraceWarning, write_trace
@@ -71,7 +65,6 @@ EXIT_NO_DRIFT = 0
 EXIT_DRY_RUN_DRIFT = 3  # as `autotune drift`
 EXIT_NEW_CONFIG = 10
 EXIT_KEPT_DEPLOYED = 11
-DEFAULT_WARM_START = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -90,132 +83,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
             "12 the deployed config could not be measured (nothing published), 1 failure."
         ),
     )
-    add = parser.add_argument
-    add(
-        "--current",
-        required=True,
-        type=Path,
-        metavar="TRACE|DIR",
-        help="current traffic: a JSONL trace, or the server recorder's folder",
-    )
-    add(
-        "--config",
-        required=True,
-        type=Path,
-        metavar="DEPLOYED.yaml",
-        help="the config the servers run now (an exported best.yaml)",
-    )
-    add(
-        "--reference",
-        type=Path,
-        default=None,
-        metavar="REF",
-        help="drift reference (trace, profile .json or best.yaml); default: the profile in "
-        "--config's provenance, else the trace it was tuned on",
-    )
-    add(
-        "--force",
-        action="store_true",
-        help="re-tune even without drift, and without the capacity check",
-    )
-    add("--dry-run", action="store_true", help="check drift and print the plan; start no server")
-    add(
-        "--output-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="where best-v{N}.yaml, best.yaml and the study folder go (default: --config's folder)",
-    )
-    add(
-        "--trials",
-        type=int,
-        default=DEFAULT_TRIALS,
-        metavar="N",
-        help="trials in the search, the deployed baseline and warm starts included "
-        "(default: %(default)s)",
-    )
-    add(
-        "--warm-start",
-        type=int,
-        default=DEFAULT_WARM_START,
-        metavar="N",
-        help="trials enqueued after the baseline: the previous study's best and the deployed "
-        "config's neighbours (default: %(default)s)",
-    )
-    add(
-        "--time-budget",
-        default=None,
-        metavar="DURATION",
-        help="stop starting search trials after this long, e.g. 30m (default: --trials decides)",
-    )
-    add(
-        "--slo",
-        action="append",
-        default=None,
-        metavar="METRIC_pPCT_ms=MS",
-        help="an SLO, repeatable (default: the SLOs the deployed config was tuned under)",
-    )
-    add(
-        "--objective",
-        default=None,
-        help="capacity, capacity-per-gpu, goodput, throughput, min-memory or pareto[:METRIC_pPCT] (default: the "
-        "deployed config's, else goodput). Only capacity measures the deployed config first and "
-        "keeps it while it has --headroom; the others re-tune on every drift",
-    )
-    add(
-        "--headroom",
-        type=float,
-        default=DEFAULT_HEADROOM,
-        metavar="H",
-        help="capacity objective: the deployed config stays while its capacity on the current "
-        "traffic is at least H x the traffic's recorded rate (exit 11, no study); min-memory "
-        "(when the deployed config's objective does not name its own H): every SLO must hold "
-        "at H x the recorded rate (default: %(default)s)",
-    )
-    add(
-        "--storage",
-        default=None,
-        metavar="URL",
-        help="Optuna storage URL (default: sqlite in the study folder)",
-    )
-    add("--study-name", default=None, help="Optuna study name (default: retune-v{N}-<UTC time>)")
-    add("--space", type=Path, default=None, metavar="FILE.yaml", help="search space file")
-    add("--ks-threshold", type=float, default=None, help="drift: KS statistic threshold")
-    add("--rate-threshold", type=float, default=None, help="drift: relative rate change")
-    add(
-        "--burstiness-threshold",
-        type=float,
-        default=None,
-        help="drift: relative change of the inter-arrival CV",
-    )
-    add(
-        "--concurrency-threshold",
-        type=float,
-        default=None,
-        help="drift: relative change of mean concurrency",
-    )
-    # How each config is measured and re-checked: `autotune run`'s fields, declared there.
-    add_flags(parser, TuningRequest, groups=RUN_GROUPS, only=MEASUREMENT_FIELDS,
+    # Every flag a RetuneRequest field; how each config is measured: `autotune run`'s fields.
+    add_flags(parser, RetuneRequest, groups=RETUNE_GROUPS,
               default_help={"server": "the server the deployed config's trials ran on, from its "
                                       "provenance; autotune when it does not say"})
     parser.set_defaults(func=retune_command)
 
 
 # -- inputs ---------------------------------------------------------------------------------
-
-
-def check_flags(args: argparse.Namespace) -> None:
-    if args.trials < 1:
-        raise AutotuneError(f"--trials {args.trials}: must be at least 1 (the deployed config)")
-    if args.warm_start < 0:
-        raise AutotuneError(f"--warm-start {args.warm_start}: must be 0 or more")
-    if not args.headroom >= 1:
-        raise AutotuneError(
-            f"--headroom {args.headroom}: must be at least 1 (1 = the deployed config just "
-            "carries the current traffic), e.g. 1.5"
-        )
-    if not args.current.exists():
-        raise AutotuneError(f"--current {args.current}: no such trace file or recorder folder")
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -228,54 +103,54 @@ def retune_command(args: argparse.Namespace, *, runner: Any = None) -> int:
     from autotune.search.study_store import check_writable
     from workloads.drift import compare
 
-    check_flags(args)
-    deployed = ServerConfig.load(args.config)
+    options = RetuneRequest(**request_fields(args, model=RetuneRequest))
+    deployed = ServerConfig.load(options.config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)  # a recording may be re-sorted; fine
-        current = load_current(args.current)
-    reference, reference_source = load_drift_reference(args.reference, args.config, deployed)
-    thresholds = drift_thresholds(ks_statistic=args.ks_threshold, rate_change=args.rate_threshold,
-                                  burstiness_change=args.burstiness_threshold,
-                                  concurrency_change=args.concurrency_threshold)
+        current = load_current(options.current)
+    reference, reference_source = load_drift_reference(options.reference, options.config, deployed)
+    thresholds = drift_thresholds(ks_statistic=options.ks_threshold, rate_change=options.rate_threshold,
+                                  burstiness_change=options.burstiness_threshold,
+                                  concurrency_change=options.concurrency_threshold)
     report = compare(reference, current, thresholds)
     say(f"drift check against {reference_source}:")
     say(report.format())
-    if not report.drifted and not args.force:
-        say(f"no drift: {args.config} stays deployed; nothing launched")
+    if not report.drifted and not options.force:
+        say(f"no drift: {options.config} stays deployed; nothing launched")
         return EXIT_NO_DRIFT
     why = "drift" if report.drifted else "no drift, but --force"
 
-    out_dir: Path = args.output_dir or args.config.resolve().parent
+    out_dir: Path = options.output_dir or options.config.resolve().parent
     check_writable(out_dir)  # before any trial: a result that cannot be written is wasted
     version = next_version(out_dir)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    study_name = args.study_name or f"retune-v{version}-{stamp}"
-    if args.dry_run:
+    study_name = options.study_name or f"retune-v{version}-{stamp}"
+    if options.dry_run:
         with tempfile.TemporaryDirectory(prefix="retune-dry-run-") as scratch:
-            plan, warm = prepare(args, deployed, current, Path(scratch), study_name)
-        checks = plan.objective.measures_capacity and not args.force
+            plan, warm = prepare(options, deployed, current, Path(scratch), study_name)
+        checks = plan.objective.measures_capacity and not options.force
         print_plan(plan, warm, out_dir / study_name, out_dir / f"best-v{version}.yaml", why,
-                   headroom=args.headroom if checks else None)
+                   headroom=options.headroom if checks else None)
         return EXIT_DRY_RUN_DRIFT if report.drifted else EXIT_NO_DRIFT
 
     work_dir = out_dir / study_name
-    plan, warm = prepare(args, deployed, current, work_dir, study_name)
+    plan, warm = prepare(options, deployed, current, work_dir, study_name)
     if runner is None:
         runner = pipeline.build_runner(plan, registry=work_dir / "servers.json", say=say)
-    if plan.objective.measures_capacity and not args.force:
-        check, runner = measure_deployed(args, plan, runner)
+    if plan.objective.measures_capacity and not options.force:
+        check, runner = measure_deployed(options, plan, runner)
         say(check.line())
         if check.keep:
             say(f"measurement: {plan.output_dir / CHECK_FILE}; nothing published")
             return EXIT_KEPT_DEPLOYED
-    say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {args.config})")
+    say(f"{why}: re-tuning in {work_dir} (baseline: the deployed {options.config})")
     run_study(plan, warm, runner=runner)
-    published = publish(args.config, deployed, current, report, plan, warm, out_dir, version)
+    published = publish(options.config, deployed, current, report, plan, warm, out_dir, version)
     return EXIT_NEW_CONFIG if published else EXIT_KEPT_DEPLOYED
 
 
 def prepare(
-    args: argparse.Namespace,
+    options: RetuneRequest,
     deployed: ServerConfig,
     current: Any,
     work_dir: Path,
@@ -286,8 +161,8 @@ def prepare(
     from autotune.prepare import prepare_plan
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    trace_path = args.current
-    if args.current.is_dir():
+    trace_path = options.current
+    if options.current.is_dir():
         trace_path = work_dir / "current.jsonl"
         write_trace(trace_path, current)
     # Trial servers must not record into the production recorder's folder; the recorder
@@ -298,32 +173,32 @@ def prepare(
             "serving": deployed.serving.model_copy(update={"recorder": None}),
             "provenance": None,
         }
-    ).write(baseline_path, header=f"baseline for re-tuning: {args.config} (recorder off)")
+    ).write(baseline_path, header=f"baseline for re-tuning: {options.config} (recorder off)")
     provenance = deployed.provenance or {}
     request = TuningRequest(
         workload=str(trace_path),
         study_name=study_name,
         output_dir=work_dir,
         command_line=["autotune", *sys.argv[1:]],
-        trials=args.trials,
-        time_budget_s=parse_duration(args.time_budget) if args.time_budget else None,
-        storage=args.storage,
+        trials=options.trials,
+        time_budget_s=options.time_budget_s,
+        storage=options.storage,
         baseline=baseline_path,
-        space=args.space,
-        slos=args.slo or provenance.get("slos") or None,
-        objective=args.objective or provenance.get("objective") or "goodput",
-        headroom=args.headroom,
-        **request_fields(args, only=MEASUREMENT_FIELDS),
+        space=options.space,
+        slos=options.slos or provenance.get("slos") or None,
+        objective=options.objective or provenance.get("objective") or "goodput",
+        headroom=options.headroom,
+        **options.measurement(),
         default_server=deployed_server(provenance),
     )
     plan = prepare_plan(request)
-    limit = min(args.warm_start, max(0, args.trials - 1))
+    limit = min(options.warm_start, max(0, options.trials - 1))
     warm = warm_start_trials(deployed, plan.space, plan.effective_defaults, limit)
     return plan, warm
 
 
 def measure_deployed(
-    args: argparse.Namespace, plan: TuningPlan, runner: Any
+    options: RetuneRequest, plan: TuningPlan, runner: Any
 ) -> tuple[CapacityCheck, PremeasuredRunner]:
     """The capacity check: the deployed config launched once on the current tuning window,
     exactly as the study's baseline trial would be (same config, window and trial folder).
@@ -334,8 +209,8 @@ def measure_deployed(
 
     tuning = pipeline.build_study(plan, runner=runner)  # measures nothing: names and config
     config, trial_dir = tuning.trial_config({}), tuning.trial_dir(0)
-    check, outcome = DeployedCapacityCheck(runner, needed_headroom=args.headroom, say=say).run(
-        config, plan.tuning_window, trial_dir, source=str(args.config)
+    check, outcome = DeployedCapacityCheck(runner, needed_headroom=options.headroom, say=say).run(
+        config, plan.tuning_window, trial_dir, source=str(options.config)
     )
     check.write(plan.output_dir / CHECK_FILE)
     return check, PremeasuredRunner(runner, config=config, trial_dir=trial_dir, outcome=outcome)

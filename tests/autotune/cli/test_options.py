@@ -13,9 +13,15 @@ from pydantic import BaseModel
 from autotune.cli import build_parser
 from autotune.cli.run import run_request
 from autotune.options import Flag, add_flags, flag_values, flagged_fields
-from autotune.request import MEASUREMENT_FIELDS, RUN_GROUPS, TuningRequest
+from autotune.request import (
+    MEASUREMENT_FIELDS,
+    RUN_GROUPS,
+    MeasurementOptions,
+    RetuneRequest,
+    TuningRequest,
+)
 
-CLI = Path(__file__).resolve().parents[2] / "autotune" / "cli"
+CLI = Path(__file__).resolve().parents[3] / "autotune" / "cli"
 HAND_DECLARED = re.compile(r"""\badd(?:_argument)?\(\s*["'](--[a-z0-9-]+)["']""")
 
 
@@ -37,14 +43,20 @@ def test_each_run_option_is_one_request_field_and_nothing_declares_it_by_hand() 
     # One to one: every flag of `autotune run` is a field, every flagged field a flag.
     assert set(options) == set(declared)
     assert all(options[flag].dest == name for flag, name in declared.items())
-    # No module of the command line spells one of them out: run.py declares none, retune.py
-    # none of the measurement fields it shares with run (declared once, in TuningRequest).
+    # No module of the command line spells one of them out: run.py and retune.py declare none.
     by_module = {path.name: set(HAND_DECLARED.findall(path.read_text(encoding="utf-8")))
                  for path in CLI.glob("*.py")}
-    assert by_module["run.py"] == set()
-    shared = {fields[name][1].spelled(name) for name in MEASUREMENT_FIELDS}
-    assert by_module["retune.py"] & shared == set()
-    assert set(_options(_subparser("retune"))) >= shared
+    assert by_module["run.py"] == set() and by_module["retune.py"] == set()
+
+
+def test_retune_takes_runs_measurement_options_from_the_same_declarations() -> None:
+    retune = {flag.spelled(name): name for name, (_, flag) in flagged_fields(RetuneRequest).items()}
+    assert set(_options(_subparser("retune"))) == set(retune)
+    # The measurement options are declared once, on MeasurementOptions, for both commands.
+    for name in MEASUREMENT_FIELDS:
+        assert RetuneRequest.model_fields[name] is MeasurementOptions.model_fields[name] or \
+            RetuneRequest.model_fields[name].metadata == MeasurementOptions.model_fields[name].metadata
+        assert TuningRequest.model_fields[name].metadata == MeasurementOptions.model_fields[name].metadata
 
 
 def test_the_help_shows_each_fields_default_and_groups_them_as_the_request_does() -> None:
