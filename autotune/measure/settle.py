@@ -7,7 +7,7 @@ running / waiting gauges, which the ladder waited on alone before, do not see ev
   H200 (results/benchmarks/frontend_capacity.md, 2026-11-28 settle section), after steps
   at 421 req/s a lone request took 96-301 ms with the gauges at zero, against 11-15 ms idle,
   on `vllm serve` and on our server with one front end; the queue cleared within a second.
-  A front end that falls further behind leaves more (tests/autotune/test_settle.py);
+  A front end that falls further behind leaves more (tests/autotune/measure/test_settle.py);
 - gauges that read busy for the whole 120 s timeout after an abandoned step, on servers with
   four front ends (results/benchmarks/frontends-h100, frontends-workers-split-cpus): vLLM
   sends its scheduler's counts with engine steps, to one front end at a time, so an engine

@@ -4,7 +4,7 @@ fixture whatever its scope, every process the tests start) inherits from the con
 The whole session, fixtures of every scope included, runs with a high client-lag limit in the
 environment (`AUTOTUNE_MAX_CLIENT_LAG_MS`, the default of `--max-client-lag-ms`): on CI's 2 cores, beside another job, the replayer of a
 tuner test lagged past the limit its SLOs imply (50-100 ms) and a trial went unscored in tests
-that are not about the client. The lag rule keeps its own tests (tests/autotune/test_client_lag.py),
+that are not about the client. The lag rule keeps its own tests (tests/autotune/measure/test_client_lag.py),
 which pass their limits explicitly.
 
 The session answers vLLM questions from a facts cache of its own (server.vllm_facts), made

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from autotune.cli import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # What the commands import and `autotune --help` must not.
 HEAVY = ("numpy", "scipy", "pydantic", "optuna", "yaml", "aiohttp", "httpx", "server.config",

@@ -3,7 +3,7 @@ deployed config and publishes the winner (four engine starts: 2 trials, gate 1 +
 
 A drift the deployed config still carries with headroom keeps it after one launch: that
 decision (one launch of the deployed config, nothing published, the check's figures kept) is
-tests/autotune/test_retune.py's test_drift_with_headroom_keeps_the_deployed_config_after_one_launch,
+tests/autotune/cli/test_retune.py's test_drift_with_headroom_keeps_the_deployed_config_after_one_launch,
 and the capacity ladder it runs, measured on a real server, is test_ladder_engine.py's
 test_autotune_run_reports_the_baselines_capacity_and_headroom (the same TrialRunner ladder)."""
 

@@ -13,7 +13,7 @@ import pytest
 from autotune.cli import main
 from autotune.progress import format_duration, parse_duration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
 
 

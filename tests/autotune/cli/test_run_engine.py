@@ -9,7 +9,7 @@ SIGKILLed mid-trial (its server and engine core stop by themselves within 15 s) 
 vLLM's KV cache figures.
 
 SIGTERM mid-trial (exit 143, the trial FAIL and interrupted, the server group gone within 15 s,
-the registry empty) is tests/autotune/test_hard_stops.py's
+the registry empty) is tests/autotune/measure/test_hard_stops.py's
 test_a_stop_signal_to_run_mid_trial_stops_its_server_and_resume_continues[SIGTERM]: the same
 `autotune run` process and signal handling, with a fake server whose child stands in for the
 engine core; that a real server's whole group (engine core included) is stopped is
@@ -39,7 +39,7 @@ from server.config import ServerConfig, cpu_memory_share, cpu_node_memory, defau
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 # Fault flows do not depend on the objective: goodput (one replay per trial) keeps them short;
 # the capacity ladder end to end is test_ladder_engine.py's.

@@ -1,6 +1,6 @@
 """Several workers on one study (SQLite-backed, fake runner): the logic of `autotune worker`
 and `autotune finalize`, fast. The real thing (PostgreSQL, two CPU engines, a SIGKILLed
-worker) is tests/autotune/test_worker_engine.py.
+worker) is tests/autotune/cli/test_worker_engine.py.
 
 What a user would notice: a study created for workers holds everything they need; a trial
 whose worker died is failed and measured again by another worker, once; a worker that leaves
@@ -318,7 +318,7 @@ def test_a_dead_workers_server_is_ended_by_the_next_worker_on_its_host(tmp_path:
 
 
 def test_run_workers_only_creates_the_study_from_the_command_line(tmp_path: Path, capsys) -> None:
-    sample = Path(__file__).resolve().parents[2] / "workloads" / "samples" / "translation_trace.jsonl"
+    sample = Path(__file__).resolve().parents[3] / "workloads" / "samples" / "translation_trace.jsonl"
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     code = main(["run", "--workload", str(sample), "--workers-only", "--storage", url,
                  "--study-name", "cli", "--trials", "5", "--tuning-window", "8",

@@ -28,7 +28,7 @@ from autotune.measure.server_registry import reap_stale_servers
 from autotune.search.trial_records import lost_worker
 from server.config import ServerConfig, cpu_memory_share, cpu_node_memory, default_engine_settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 
 

@@ -2,7 +2,7 @@
 no best.yaml and exits 12, on every path (`run`, `retune`, `worker` + `finalize`); report.md's
 first line says which of the three outcomes a study had, and a kept baseline comes with its
 measured standing. The runner is a fake here (what a trial measures is not the subject);
-tests/autotune/test_hard_stops.py runs the real CLI against a server answering errors.
+tests/autotune/measure/test_hard_stops.py runs the real CLI against a server answering errors.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from workloads.profile import profile_trace
 from workloads.replay_summary import ReplaySummary
 from workloads.trace_io import load_trace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 HTTP_400 = ("28 of 38 requests failed (limit 5%); first: HTTP 400: 8094 prompt tokens + max_tokens "
             "547 exceed the model's context of 2048 tokens")

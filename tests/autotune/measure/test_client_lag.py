@@ -26,8 +26,8 @@ from workloads.replay_summary import ReplayResult, RequestRecord, summarize
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
-HERE = Path(__file__).parent
-SAMPLE = str(HERE.parents[1] / "workloads" / "samples" / "translation_trace.jsonl")
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+SAMPLE = str(HELPERS.parents[1] / "workloads" / "samples" / "translation_trace.jsonl")
 SLOS = (parse_slo("ttft_p95_ms=500"),)
 
 
@@ -199,7 +199,7 @@ def fake_runner(tmp_path: Path, replay: ReplayOptions, ladder: LadderSettings | 
     behaviour = tmp_path / "behaviour.json"
     behaviour.write_text(json.dumps({"slots": 8, "token_delay_s": 0.005}))
     return runner(
-        server_command=[sys.executable, str(HERE / "fake_server.py"), "--behaviour", str(behaviour)],
+        server_command=[sys.executable, str(HELPERS / "fake_server.py"), "--behaviour", str(behaviour)],
         startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
         stale_registry=tmp_path / "servers.json", replay=replay, ladder=ladder,
     )

@@ -20,8 +20,8 @@ from autotune.measure.server_registry import StaleServerRegistry
 from workloads.replay_workers import auto_workers
 from workloads.trace import Trace, TraceRequest
 
-HERE = Path(__file__).parent
-SAMPLE = str(HERE.parents[1] / "workloads" / "samples" / "translation_trace.jsonl")
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+SAMPLE = str(HELPERS.parents[1] / "workloads" / "samples" / "translation_trace.jsonl")
 SIXTEEN = frozenset(range(16))
 
 
@@ -108,7 +108,7 @@ def test_the_server_runs_on_its_cpus_and_the_client_with_its_workers_on_the_othe
     assert split is not None
     behaviour = tmp_path / "behaviour.json"
     behaviour.write_text(json.dumps({"spawn_child": True}))
-    launcher = ServerLauncher(command=[sys.executable, str(HERE / "fake_server.py")],
+    launcher = ServerLauncher(command=[sys.executable, str(HELPERS / "fake_server.py")],
                               registry=StaleServerRegistry(tmp_path / "servers.json"), study="s1",
                               startup_timeout_s=10.0, cpu_split=split)
     with split.client_pinned():

@@ -23,11 +23,11 @@ from autotune.errors import EXIT_ENVIRONMENT
 from autotune.measure.server_start import classify_exit
 from autotune.search.objective import CONFIG_FAILURES
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+ROOT = HELPERS.parents[1]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
-TUNER = HERE / "missing_module_tuner.py"
-METRICS = HERE / "fixtures" / "metrics_vllm_0_32.txt"
+TUNER = HELPERS / "missing_module_tuner.py"
+METRICS = HELPERS / "fixtures" / "metrics_vllm_0_32.txt"
 MISSING = "autotune_test_module_not_installed"
 
 

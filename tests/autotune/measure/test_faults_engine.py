@@ -36,7 +36,7 @@ from server.config import ServerConfig, default_engine_settings
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 # Fault flows do not depend on the objective: goodput (one replay per trial) keeps them short;
 # the capacity ladder end to end is test_ladder_engine.py's.
@@ -236,7 +236,7 @@ def test_server_never_ready_is_timed_out_killed_and_classified(tmp_path: Path, r
     )
     reliability.held(
         "a trial whose start fails this way is told to the study as an infeasible trial and the "
-        "study goes on (tests/autotune/test_study.py, test_failed_start_is_infeasible_and_the_study_goes_on)"
+        "study goes on (tests/autotune/search/test_study.py, test_failed_start_is_infeasible_and_the_study_goes_on)"
     )
     reliability.figure("readiness deadline (after the engine core appeared)", timeout_s, "s")
     reliability.figure("processes at the deadline / left", f"{len(processes)} / {len(teardown.leftover_pids)}")

@@ -35,7 +35,7 @@ from autotune.prepare import prepare_plan
 from autotune.request import TuningRequest
 from server.config import ServerConfig
 
-SAMPLE = Path(__file__).resolve().parents[2] / "workloads" / "samples" / "translation_trace.jsonl"
+SAMPLE = Path(__file__).resolve().parents[3] / "workloads" / "samples" / "translation_trace.jsonl"
 
 pytestmark = pytest.mark.slow  # the fork server imports vLLM (~8 s on 2 cores)
 

@@ -12,7 +12,7 @@ from autotune.cli import main
 from autotune.cli.flags import FORK_SERVER_SOCKET_ENV
 from autotune.measure.forkserver import ForkServerSocketError, claim_socket_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 
 

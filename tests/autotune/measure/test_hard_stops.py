@@ -33,11 +33,11 @@ from server.config import ServerConfig, default_engine_settings
 from workloads.profile import profile_trace
 from workloads.trace_io import load_trace
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+ROOT = HELPERS.parents[1]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
-TUNER = HERE / "fake_server_tuner.py"
-METRICS = HERE / "fixtures" / "metrics_vllm_0_32.txt"
+TUNER = HELPERS / "fake_server_tuner.py"
+METRICS = HELPERS / "fixtures" / "metrics_vllm_0_32.txt"
 # p50 SLOs need 20 requests per window: the sample trace's 8 s windows hold ~36.
 SLOS = ("ttft_p50_ms=1000", "tpot_p50_ms=100")
 # Fault flows do not depend on the objective: goodput (one replay per trial) keeps them short;

@@ -27,8 +27,8 @@ from workloads.replay_summary import ReplaySummary
 from workloads.slo import SLO, parse_slo
 from workloads.trace import Trace, TraceRequest
 
-HERE = Path(__file__).parent
-FAKE_SERVER = HERE / "fake_server.py"
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+FAKE_SERVER = HELPERS / "fake_server.py"
 
 
 def window(n: int = 20, spacing_ms: float = 100.0, output_length: int = 5) -> Trace:

@@ -27,7 +27,7 @@ from autotune.measure.server_start import (
     private_ipc_folder,
 )
 
-FAKE_SERVER = Path(__file__).with_name("fake_server.py")
+FAKE_SERVER = Path(__file__).resolve().parents[1] / "fake_server.py"
 
 
 def behaviour_file(tmp_path: Path, **behaviour: object) -> Path:

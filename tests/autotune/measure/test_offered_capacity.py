@@ -42,7 +42,7 @@ from workloads.trace import Trace, TraceRequest
 from workloads.trace_io import write_trace
 from workloads.windows import select_windows
 
-SHARED_TRACES = Path(__file__).parents[2].parent / "shared" / "traces"
+SHARED_TRACES = Path(__file__).parents[3].parent / "shared" / "traces"
 AZURE_CODE = SHARED_TRACES / "azure_code_2023.csv"
 
 
@@ -219,9 +219,9 @@ def test_every_step_holds_the_requests_its_percentile_needs() -> None:
 
 # -- an SLO no load can meet, end to end (the real CLI, fake trial servers) ---------------
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-TUNER = HERE / "fake_server_tuner.py"
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+ROOT = HELPERS.parents[1]
+TUNER = HELPERS / "fake_server_tuner.py"
 
 
 def slow_answers_trace(path: Path) -> Path:
@@ -318,7 +318,7 @@ def test_a_hinted_ladder_stops_at_a_sixteenth_of_its_start_without_calling_the_s
     window = Trace.from_requests([TraceRequest(timestamp=i * 100.0, input_length=10, output_length=5)
                                   for i in range(20)], source="10 req/s")
     runner = TrialRunner(
-        server_command=[sys.executable, str(HERE / "fake_server.py"), "--behaviour", str(behaviour)],
+        server_command=[sys.executable, str(HELPERS / "fake_server.py"), "--behaviour", str(behaviour)],
         startup_timeout_s=20, warmup_requests=1, scrape_interval_s=0.2,
         stale_registry=tmp_path / "servers.json",
         replay=ReplayOptions(slos=[parse_slo("ttft_p50_ms=150")], max_send_lag_ms=60_000),

@@ -23,7 +23,7 @@ from autotune.measure.scraper import (
     server_metrics,
 )
 
-FIXTURES = Path(__file__).with_name("fixtures")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def ttft_text(counts: dict[str, tuple[float, float]], *, total: float) -> str:

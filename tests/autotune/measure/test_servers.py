@@ -2,7 +2,7 @@
 
 No engine here: the command is read from the trial's server.log (the launcher writes it there
 before starting anything) with a stand-in interpreter that exits at once, and the file is
-parsed by vLLM's own `vllm serve` argument parser. tests/autotune/test_servers_engine.py
+parsed by vLLM's own `vllm serve` argument parser. tests/autotune/measure/test_servers_engine.py
 serves a real window with stock `vllm serve`.
 """
 
@@ -33,7 +33,7 @@ from server.config import (
 from workloads.slo import parse_slos
 from workloads.trace import Trace, TraceRequest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 
 

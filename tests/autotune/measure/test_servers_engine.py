@@ -3,7 +3,7 @@ model on the CPU engine, started through the launcher, the sample trace's short 
 replayed through it, /metrics scraped, the process group stopped, best.yaml and report.md
 written. One engine start: with one trial there is no candidate for the gate to re-measure.
 
-    .venv/bin/python -m pytest tests/autotune/test_servers_engine.py -m engine -s
+    .venv/bin/python -m pytest tests/autotune/measure/test_servers_engine.py -m engine -s
 prints the trial's wall-time breakdown (engine start of `vllm serve` included).
 """
 
@@ -26,7 +26,7 @@ from workloads.trace_io import load_trace
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 # Short goodput windows and p50 SLOs, as test_run_engine.py: one replay of the window.
 RUN = ["--trials", "1", "--tuning-window", "8", "--holdout-window", "6", "--top-k", "1",

@@ -26,7 +26,7 @@ from workloads.replay_summary import ReplayResult, RequestRecord, summarize
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
-FAKE_SERVER = Path(__file__).parent / "fake_server.py"
+FAKE_SERVER = Path(__file__).resolve().parents[1] / "fake_server.py"
 
 
 def window() -> Trace:  # 10 req/s recorded

@@ -24,9 +24,9 @@ from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary, RequestRecord
 from workloads.trace import Trace, TraceRequest
 
-HERE = Path(__file__).parent
-FAKE_SERVER = HERE / "fake_server.py"
-METRICS = HERE / "fixtures" / "metrics_vllm_0_32.txt"
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+FAKE_SERVER = HELPERS / "fake_server.py"
+METRICS = HELPERS / "fixtures" / "metrics_vllm_0_32.txt"
 
 
 @pytest.fixture(scope="module")

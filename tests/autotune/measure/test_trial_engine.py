@@ -1,7 +1,7 @@
 """One real trial: `python -m server` with the embedded model on the CPU vLLM engine, a ~10 s
 timed window, the trial folder, the timing breakdown, and no process left afterwards.
 
-    .venv/bin/python -m pytest tests/autotune/test_trial_engine.py -m engine -s
+    .venv/bin/python -m pytest tests/autotune/measure/test_trial_engine.py -m engine -s
 prints the wall-time breakdown of the trial (start, ready, warm-up, measure, teardown).
 """
 

@@ -22,7 +22,7 @@ from server.config import ServerConfig
 from workloads.replay_summary import ReplaySummary
 from workloads.trace import Trace, TraceRequest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
 EFFECTIVE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.3,
              "max_model_len": 2048, "enable_chunked_prefill": True}

@@ -20,10 +20,10 @@ from autotune.cli import main
 from autotune.measure.server_start import IPC_ENV
 from server.config import ServerConfig
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+ROOT = HELPERS.parents[1]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
-TUNER = HERE / "fake_server_tuner.py"
+TUNER = HELPERS / "fake_server_tuner.py"
 SPACE = "extend_defaults: false\nparams:\n  api_processes: {type: int, low: 1, high: 2}\n"
 # Goodput (one replay of the window per trial) rather than the capacity ladder: what is under
 # test is the count's way from the space to the servers and best.yaml, not the objective.

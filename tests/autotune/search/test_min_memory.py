@@ -19,7 +19,7 @@ from autotune.search.space import SearchSpace
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slos
 
-FIXTURES = Path(__file__).with_name("fixtures")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SLOS = parse_slos(["ttft_p95_ms=500", "tpot_p95_ms=50"])
 
 

@@ -16,10 +16,13 @@ import yaml
 
 from autotune.cli import main
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+ROOT = HELPERS.parents[1]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
-TUNER = HERE / "fake_server_tuner.py"
+# On a 32 GiB NUMA node, whatever this machine's: the CPU baseline's memory share (0.1 there)
+# and the searched band follow the node's size (server.config.cpu_memory_share).
+TUNER = HELPERS / "node_memory_tuner.py"
+NODE_BYTES = str(32 * 2**30)
 ARGS = ["--workload", SAMPLE, "--objective", "min-memory", "--trials", "4", "--tuning-window", "8",
         "--holdout-window", "6", "--top-k", "1", "--repeats", "1", "--step-requests", "30",
         "--slo", "ttft_p50_ms=1000", "--slo", "tpot_p50_ms=100",
@@ -30,7 +33,7 @@ def tuner(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     behaviour = tmp_path / "behaviour.json"
     behaviour.write_text(json.dumps({"memory_slots": [[0, 1], [0.05, 8]], "token_delay_s": 0.005}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, str(TUNER), str(behaviour), "run", *args], capture_output=True,
+    return subprocess.run([sys.executable, str(TUNER), NODE_BYTES, str(behaviour), "run", *args], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=600)
 
 

@@ -18,7 +18,7 @@ from autotune.search.numerics import (
 )
 from autotune.search.space import SearchSpace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
 
 

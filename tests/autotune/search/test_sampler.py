@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.search.sampler import FreshConfigSampler, nearest_new
 from autotune.search.space import ParamSpec, SearchSpace
-from tests.autotune.test_study import FakeRunner, make_study
+from tests.autotune.search.test_study import FakeRunner, make_study
 
 # 4 x 2 = 8 configs; the baseline (vLLM's 128 sequences) lies outside it.
 SMALL = SearchSpace({

@@ -96,7 +96,7 @@ def test_suggest_gives_engine_values_and_baseline_is_representable(monkeypatch: 
     assert fixed == {"log2_max_num_batched_tokens": 11, "gpu_memory_utilization": 0.1}
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "scripts" / "gpu").glob("space-*.yaml")),
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[3] / "scripts" / "gpu").glob("space-*.yaml")),
                          ids=lambda path: path.name)
 def test_every_committed_space_file_loads_and_proposes_configs_vllm_takes(path: Path, known: frozenset[str]) -> None:
     """The space files the GPU runs and the README point to: every name an engine argument (or our
@@ -160,7 +160,7 @@ def test_autotune_runs_space_contains_the_baseline_vllm_resolves(tmp_path: Path,
 
     baseline = tmp_path / "baseline.yaml"
     baseline.write_text(f"max_num_seqs: {seqs}\n")
-    sample = Path(__file__).resolve().parents[2] / "workloads" / "samples" / "translation_trace.jsonl"
+    sample = Path(__file__).resolve().parents[3] / "workloads" / "samples" / "translation_trace.jsonl"
     args = build_parser().parse_args(["run", "--workload", str(sample), "--baseline", str(baseline),
                                       "--output-dir", str(tmp_path / "out")])
     plan = prepare_plan(run_request(args))

@@ -34,7 +34,7 @@ from server.config import ServerConfig
 from workloads.slo import parse_slos
 from workloads.trace import Trace, TraceRequest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
 SLOS = parse_slos(["ttft_p95_ms=1000"])
 SMI = ("GPU 0: NVIDIA H200 (UUID: GPU-1)\n"

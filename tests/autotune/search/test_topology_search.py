@@ -23,9 +23,9 @@ from server.config import ServerConfig
 from workloads.trace import Trace, TraceRequest
 from workloads.trace_io import write_trace
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-TUNER = HERE / "fake_server_tuner.py"
+HELPERS = Path(__file__).resolve().parents[1]  # tests/autotune: the fake servers, the tuners, fixtures/
+ROOT = HELPERS.parents[1]
+TUNER = HELPERS / "fake_server_tuner.py"
 SPACE = ("extend_defaults: false\nparams:\n"
          "  tensor_parallel_size: {type: pow2, low: 1, high: 2}\n"
          "  data_parallel_size: {type: int, low: 1, high: 2}\n")
