@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from autotune.measure.ladder import CapacityResult, LadderSettings, LadderStep
+from autotune.measure.ladder import CapacityResult, LadderSettings
 from autotune.measure.scraper import ServerMetrics
-from autotune.measure.trial import TrialOutcome
 from benchmarks import search_measure, search_replay, search_report, search_table
-from workloads.replay_summary import ReplaySummary
+from tests.factories import ladder_step, trial_outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = {"max_num_seqs": [4, 8, 16], "max_num_batched_tokens": [512, 1024, 2048]}
@@ -32,14 +31,11 @@ def capacity_of(seqs: int, batched: int) -> float:
 
 def ladder(rps: float) -> CapacityResult:
     """A ladder whose TPOT breaks first above the capacity (as with big prefill chunks)."""
-    summary = ReplaySummary(duration=1, completed=60, failed=0, total_input_tokens=1, total_output_tokens=1,
-                            request_throughput=1, output_throughput=1, total_token_throughput=1)
     steps = [
-        LadderStep(index=0, speedup=rps, offered_rps=rps, requests=60, passed=True, reason="",
-                   measured_ms={SLOS[0]: 400.0, SLOS[1]: 80.0}, summary=summary, seconds=6,
-                   server=ServerMetrics(num_waiting_max=0, num_running_max=4)),
-        LadderStep(index=1, speedup=rps * 1.1, offered_rps=rps * 1.1, requests=60, passed=False, reason="",
-                   measured_ms={SLOS[0]: 500.0, SLOS[1]: 150.0}, summary=summary, seconds=6),
+        ladder_step(speedup=rps, offered_rps=rps, requests=60, measured_ms={SLOS[0]: 400.0, SLOS[1]: 80.0},
+                    seconds=6, server=ServerMetrics(num_waiting_max=0, num_running_max=4)),
+        ladder_step(index=1, speedup=rps * 1.1, offered_rps=rps * 1.1, requests=60, passed=False,
+                    measured_ms={SLOS[0]: 500.0, SLOS[1]: 150.0}, seconds=6),
     ]
     if rps <= 0:
         steps = steps[1:]
@@ -57,7 +53,7 @@ def write_table(folder: Path) -> Path:
             trial_dir = folder / "trials" / label
             trial_dir.mkdir(parents=True)
             rps = capacity_of(seqs, batched)
-            outcome = TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=ladder(rps))
+            outcome = trial_outcome(trial_dir, capacity=ladder(rps))
             (trial_dir / "outcome.json").write_text(outcome.model_dump_json())
             points.append(point(label, seqs, batched, rps, trial_dir, baseline=baseline))
     settings: dict[str, Any] = {
@@ -305,7 +301,7 @@ def test_extending_a_grid_keeps_its_points_and_the_report_says_it_was_measured_i
     for seqs, batched in extended.missing():
         trial_dir = folder / "trials" / f"s{seqs}-b{batched}"
         trial_dir.mkdir(parents=True)
-        (trial_dir / "outcome.json").write_text(TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=ladder(3.0)).model_dump_json())
+        (trial_dir / "outcome.json").write_text(trial_outcome(trial_dir, capacity=ladder(3.0)).model_dump_json())
         new = point(f"s{seqs}-b{batched}", seqs, batched, 3.0, trial_dir).model_copy(
             update={"measured_at": "2026-11-26T10:00:00"})
         search_measure.store_point(folder / "table.json", extended.settings, new)
@@ -324,7 +320,7 @@ def write_repeat(folder: Path, table: Any, launches: list[tuple[int, int, float]
         trial_dir = folder / "trials" / label
         trial_dir.mkdir(parents=True)
         (trial_dir / "outcome.json").write_text(
-            TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=ladder(rps)).model_dump_json())
+            trial_outcome(trial_dir, capacity=ladder(rps)).model_dump_json())
         points.append(point(label, seqs, batched, rps, trial_dir).model_copy(update={"wall_s": 2 * POINT_S}))
     repeat = search_table.Table(settings={**table.settings, **settings}, points=points)
     (folder / "table.json").write_text(repeat.model_dump_json())
@@ -391,7 +387,7 @@ def idle_ladder(rps: float, running: float, **server: Any) -> CapacityResult:
 
 def rewrite_ladder(table: Any, key: tuple[int, int], measured: CapacityResult) -> None:
     point = table.by_key()[key]
-    outcome = TrialOutcome(ok=True, trial_dir=point.trial_dir, capacity=measured)
+    outcome = trial_outcome(point.trial_dir, capacity=measured)
     point.outcome_path().write_text(outcome.model_dump_json())
 
 

@@ -19,12 +19,12 @@ from autotune.cli.exit_status import USER_ERRORS
 from autotune.decide.capacity_check import CHECK_FILE
 from autotune.errors import NothingMeasured
 from autotune.measure.ladder import CapacityResult, LadderStep, recorded_rate
-from autotune.measure.trial import TrialOutcome, TrialTiming
+from autotune.measure.trial import TrialOutcome
 from autotune.search import warm_start
 from autotune.search.space import SearchSpace
 from server.config import RecorderSettings, ServerConfig, ServingSettings, default_engine_settings
+from tests.factories import ladder_step, replay_summary, trial_outcome, trial_timing
 from workloads.profile import profile_trace
-from workloads.replay_summary import ReplaySummary
 from workloads.synthetic import TranslationSpec, translation
 from workloads.trace import Trace
 from workloads.trace_io import write_trace
@@ -57,21 +57,9 @@ class ScoringRunner:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         seqs = config.engine.get("max_num_seqs") or 128
         distance = 0.0 if self.flat else abs(math.log2(seqs) - 3)
-        summary = ReplaySummary(
-            duration=10.0,
-            completed=20,
-            failed=0,
-            total_input_tokens=1000,
-            total_output_tokens=400,
-            request_throughput=2.0,
-            output_throughput=40.0,
-            total_token_throughput=140.0,
-            request_goodput=2.0 - 0.3 * distance,
-            p95_ttft_ms=400 + 100 * distance,
-            p95_tpot_ms=20.0,
-        )
-        timing = TrialTiming(launch_s=0.1, ready_s=1, warmup_s=0.5, measure_s=10, teardown_s=0.5)
-        return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
+        summary = replay_summary(request_goodput=2.0 - 0.3 * distance, p95_ttft_ms=400 + 100 * distance,
+                                 p95_tpot_ms=20.0)
+        return trial_outcome(trial_dir, summary=summary, timing=trial_timing())
 
 
 def reference_trace() -> Trace:
@@ -284,7 +272,7 @@ class CapacityRunner:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         recorded = recorded_rate(window)
         factor = float(self.headroom(config.engine.get("max_num_seqs") or 128))
-        steps = [ladder_step(0, factor, recorded, True), ladder_step(1, factor * 1.1, recorded, False)]
+        steps = [fake_step(0, factor, recorded, True), fake_step(1, factor * 1.1, recorded, False)]
         capacity = CapacityResult(
             capacity_rps=factor * recorded,
             capacity_speedup=factor,
@@ -296,18 +284,14 @@ class CapacityRunner:
         )
         (Path(trial_dir) / "ladder.json").write_text(capacity.model_dump_json())
         if self.fail:
-            return TrialOutcome(ok=False, failure="crash", failure_detail="engine died at x2",
-                                trial_dir=str(trial_dir), capacity=capacity)
-        return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=capacity)
+            return trial_outcome(trial_dir, failure="crash", failure_detail="engine died at x2", capacity=capacity)
+        return trial_outcome(trial_dir, capacity=capacity)
 
 
-def ladder_step(index: int, speedup: float, recorded: float, passed: bool) -> LadderStep:
-    summary = ReplaySummary(duration=6, completed=60, failed=0, total_input_tokens=6000,
-                            total_output_tokens=1200, request_throughput=10,
-                            output_throughput=200, total_token_throughput=1200)
-    return LadderStep(index=index, speedup=speedup, offered_rps=speedup * recorded, requests=60,
-                      passed=passed, reason="fake", summary=summary, seconds=6,
-                      measured_ms={SLOS[0]: 500.0 if passed else 1500.0, SLOS[1]: 20.0})
+def fake_step(index: int, speedup: float, recorded: float, passed: bool) -> LadderStep:
+    return ladder_step(index=index, speedup=speedup, offered_rps=speedup * recorded, requests=60,
+                       passed=passed, reason="fake", seconds=6,
+                       measured_ms={SLOS[0]: 500.0 if passed else 1500.0, SLOS[1]: 20.0})
 
 
 def study_dir(deployed: Path) -> Path:

@@ -38,12 +38,11 @@ from autotune.distributed import (
 from autotune.errors import AutotuneError
 from autotune.measure.ladder import LadderSettings
 from autotune.measure.server_registry import RegisteredServer, StaleServerRegistry
-from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.plan import TuningPlan
 from autotune.search.objective import default_slos, parse_objective
 from autotune.search.space import SearchSpace
 from server.config import ServerConfig, default_engine_settings
-from workloads.replay_summary import ReplaySummary
+from tests.factories import replay_summary, trial_outcome, trial_timing
 from workloads.trace import Trace, TraceRequest
 
 EFFECTIVE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.3,
@@ -79,13 +78,9 @@ class FakeRunner:
             raise KeyboardInterrupt
         seqs = config.engine.get("max_num_seqs") or 128
         distance = abs(math.log2(seqs) - 3)
-        summary = ReplaySummary(
-            duration=10.0, completed=20, failed=0, total_input_tokens=1000, total_output_tokens=400,
-            request_throughput=2.0, output_throughput=40.0, total_token_throughput=140.0,
-            request_goodput=2.0 - 0.3 * distance, p95_ttft_ms=400 + 300 * distance, p95_tpot_ms=20.0,
-        )
-        timing = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=10.0, teardown_s=0.5)
-        return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
+        summary = replay_summary(request_goodput=2.0 - 0.3 * distance, p95_ttft_ms=400 + 300 * distance,
+                                 p95_tpot_ms=20.0)
+        return trial_outcome(trial_dir, summary=summary, timing=trial_timing())
 
 
 def make_plan(tmp_path: Path, url: str, n_trials: int) -> TuningPlan:

@@ -18,21 +18,20 @@ from optuna.trial import TrialState
 from autotune.cli import build_parser, retune
 from autotune.distributed import WorkerIdentity, connect, create_shared_study, finalize, run_worker
 from autotune.errors import NothingMeasured
-from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.pipeline import execute
 from autotune.plan import TuningPlan
 from autotune.prepare import prepare_plan
 from autotune.request import TuningRequest
 from server.config import ServerConfig, default_engine_settings
+from tests.factories import replay_summary, trial_outcome, trial_timing
 from workloads.profile import profile_trace
-from workloads.replay_summary import ReplaySummary
 from workloads.trace_io import load_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 HTTP_400 = ("28 of 38 requests failed (limit 5%); first: HTTP 400: 8094 prompt tokens + max_tokens "
             "547 exceed the model's context of 2048 tokens")
-TIMING = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=10.0, teardown_s=0.5)
+TIMING = trial_timing()
 
 
 class Runner:
@@ -48,16 +47,12 @@ class Runner:
         self.calls += 1
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         if self.calls in self.fail:
-            return TrialOutcome(ok=False, failure="http_errors", failure_detail=HTTP_400,
-                                timing=TIMING, trial_dir=str(trial_dir))
+            return trial_outcome(trial_dir, failure="http_errors", failure_detail=HTTP_400, timing=TIMING)
         seqs = config.engine.get("max_num_seqs") or 128
         distance = 0.0 if self.flat else abs(math.log2(seqs) - 3)
-        summary = ReplaySummary(
-            duration=10.0, completed=20, failed=0, total_input_tokens=1000, total_output_tokens=400,
-            request_throughput=2.0, output_throughput=40.0, total_token_throughput=140.0,
-            request_goodput=2.0 - 0.3 * distance, p95_ttft_ms=400 + 100 * distance, p95_tpot_ms=20.0,
-        )
-        return TrialOutcome(ok=True, summary=summary, timing=TIMING, trial_dir=str(trial_dir))
+        summary = replay_summary(request_goodput=2.0 - 0.3 * distance, p95_ttft_ms=400 + 100 * distance,
+                                 p95_tpot_ms=20.0)
+        return trial_outcome(trial_dir, summary=summary, timing=TIMING)
 
 
 def plan(tmp_path: Path, *, trials: int = 4, resume: bool = False, name: str = "s", **values: Any) -> TuningPlan:

@@ -22,8 +22,8 @@ from autotune.measure.ladder import (
 from autotune.measure.trial import TrialRunner
 from autotune.search.objective import Objective, evaluate
 from server.config import ServerConfig
+from tests.factories import ladder_step, replay_summary
 from workloads.replay import ReplayOptions
-from workloads.replay_summary import ReplaySummary
 from workloads.slo import SLO, parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -71,13 +71,8 @@ def test_step_trace_compresses_the_recorded_arrivals_and_repeats_the_window() ->
 
 
 def _step(index: int, speedup: float, passed: bool) -> LadderStep:
-    summary = ReplaySummary(
-        duration=1.0, completed=1, failed=0, total_input_tokens=1, total_output_tokens=1,
-        request_throughput=1.0, output_throughput=1.0, total_token_throughput=1.0,
-    )
     # The window() of these tests records 10 req/s; a step sent at x s offers 10 s req/s.
-    return LadderStep(index=index, speedup=speedup, offered_rps=10.0 * speedup, requests=10,
-                      passed=passed, reason="", measured_ms={}, summary=summary, seconds=1.0)
+    return ladder_step(index=index, speedup=speedup, offered_rps=10.0 * speedup, passed=passed)
 
 
 def _ladder(settings: LadderSettings, outcomes: list[tuple[float, bool]]) -> LoadLadder:
@@ -122,11 +117,7 @@ def test_a_step_passed_early_says_what_it_did_not_wait_for() -> None:
     """The reason of an early pass names the requests still running and those never sent (not
     yet due when the verdict was certain), so the step's counts add up to its requests."""
     ladder = _ladder(LadderSettings(), [])
-    summary = ReplaySummary(
-        duration=1.0, completed=27, failed=0, cancelled=2, total_input_tokens=1,
-        total_output_tokens=1, request_throughput=1.0, output_throughput=1.0,
-        total_token_throughput=1.0,
-    )
+    summary = replay_summary(completed=27, cancelled=2)
     measured = {"ttft_p95_ms=100": 40.0}
     assert ladder._verdict(summary, measured, 30, "pass") == (
         True, "ttft p95 40/100 ms (decided with 2 still running, 1 not yet sent)")

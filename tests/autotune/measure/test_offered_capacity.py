@@ -34,9 +34,10 @@ from autotune.measure.ladder import (
 )
 from autotune.prepare import ladder_settings
 from autotune.request import TuningRequest
+from tests.factories import replay_summary
 from workloads.importers import import_azure
 from workloads.replay import ReplayOptions
-from workloads.replay_summary import ReplayResult, ReplaySummary, RequestRecord
+from workloads.replay_summary import ReplayResult, RequestRecord
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 from workloads.trace_io import write_trace
@@ -66,10 +67,8 @@ def sent_on_schedule(trace: Trace, *, lag_ms: float = 0.0, e2e_ms: float = 50.0)
                       output_tokens=int(trace.output_lengths[i]))
         for i, t in enumerate(trace.timestamps_ms.tolist())
     ]
-    summary = ReplaySummary(duration=trace.duration_s() + e2e_ms / 1000.0, completed=len(records),
-                            failed=0, total_input_tokens=1, total_output_tokens=1,
-                            request_throughput=1.0, output_throughput=1.0, total_token_throughput=1.0,
-                            planned=len(records))
+    summary = replay_summary(duration=trace.duration_s() + e2e_ms / 1000.0, completed=len(records),
+                             planned=len(records))
     return ReplayResult(records=records, summary=summary)
 
 

@@ -12,14 +12,13 @@ import pytest
 from autotune import prepare
 from autotune.cli import main
 from autotune.errors import AutotuneError
-from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.request import DEFAULT_TRIALS
 from autotune.search.objective import default_slos, parse_objective
 from autotune.search.space import SearchSpace
 from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from autotune.search.trial_records import engine_devices
 from server.config import ServerConfig
-from workloads.replay_summary import ReplaySummary
+from tests.factories import replay_summary, trial_outcome, trial_timing
 from workloads.trace import Trace, TraceRequest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,12 +47,8 @@ class TimedRunner:
         self.launches += 1
         self.clock.now += TRIAL_S
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
-        summary = ReplaySummary(duration=10.0, completed=20, failed=0, total_input_tokens=1000,
-                                total_output_tokens=400, request_throughput=2.0, output_throughput=40.0,
-                                total_token_throughput=140.0, request_goodput=2.0, p95_ttft_ms=300.0,
-                                p95_tpot_ms=20.0)
-        timing = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=8.0, teardown_s=0.5)
-        return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
+        summary = replay_summary(request_goodput=2.0, p95_ttft_ms=300.0, p95_tpot_ms=20.0)
+        return trial_outcome(trial_dir, summary=summary, timing=trial_timing(measure_s=8.0))
 
 
 def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tuple[int, list[str]]:

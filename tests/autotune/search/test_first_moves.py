@@ -21,7 +21,7 @@ from autotune.search.relations import parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
 from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from server.config import ServerConfig
-from workloads.replay_summary import ReplaySummary
+from tests.factories import ladder_step, trial_outcome
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -36,14 +36,10 @@ DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_ut
 
 def step(speedup: float, passed: bool, ttft: float, tpot: float, *, waiting: float = 0,
          running: float = 10, engine_ttft: float | None = None) -> LadderStep:
-    summary = ReplaySummary(duration=1, completed=100, failed=0, total_input_tokens=1,
-                            total_output_tokens=1, request_throughput=1, output_throughput=1,
-                            total_token_throughput=1)
-    return LadderStep(index=0, speedup=speedup, offered_rps=speedup, requests=100, passed=passed,
-                      reason="", measured_ms={"ttft_p95_ms=500": ttft, "tpot_p95_ms=50": tpot},
-                      summary=summary, seconds=1,
-                      server=ServerMetrics(num_waiting_max=waiting, num_running_max=running,
-                                           ttft_p95_ms=engine_ttft))
+    return ladder_step(speedup=speedup, offered_rps=speedup, requests=100, passed=passed,
+                       measured_ms={"ttft_p95_ms=500": ttft, "tpot_p95_ms=50": tpot},
+                       server=ServerMetrics(num_waiting_max=waiting, num_running_max=running,
+                                            ttft_p95_ms=engine_ttft))
 
 
 def capacity(*steps: LadderStep) -> CapacityResult:
@@ -123,7 +119,7 @@ class FakeRunner:
         self.configs.append(config)
         result = self.measure(config)
         (trial_dir / "ladder.json").write_text(result.model_dump_json())
-        return TrialOutcome(ok=True, trial_dir=str(trial_dir), capacity=result)
+        return trial_outcome(trial_dir, capacity=result)
 
 
 def search(tmp_path: Path, runner: FakeRunner, space: SearchSpace, n_trials: int, *,

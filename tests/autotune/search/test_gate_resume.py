@@ -13,7 +13,7 @@ from autotune.search.objective import Objective
 from autotune.search.space import ParamSpec, SearchSpace
 from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from server.config import ServerConfig
-from workloads.replay_summary import ReplaySummary
+from tests.factories import replay_summary, trial_outcome
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
 
@@ -35,11 +35,8 @@ class Runner:
             raise KeyboardInterrupt
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         seqs = config.engine.get("max_num_seqs") or 8
-        summary = ReplaySummary(duration=10, completed=20, failed=0, total_input_tokens=1,
-                                total_output_tokens=1, request_throughput=2.0, output_throughput=1,
-                                total_token_throughput=1, request_goodput=min(seqs, 32) / 10,
-                                p95_ttft_ms=100)
-        return TrialOutcome(ok=True, summary=summary, trial_dir=str(trial_dir))
+        summary = replay_summary(request_goodput=min(seqs, 32) / 10, p95_ttft_ms=100)
+        return trial_outcome(trial_dir, summary=summary)
 
 
 def study(tmp_path: Path, runner: Runner, *, resume: bool) -> TuningStudy:

@@ -11,12 +11,12 @@ import pytest
 
 from autotune.errors import AutotuneError
 from autotune.measure.kv_cache import KVCacheSize, parse_kv_cache, read_kv_cache
-from autotune.measure.ladder import CapacityResult, LadderSettings, LadderStep
+from autotune.measure.ladder import CapacityResult, LadderSettings
 from autotune.measure.trial import TrialOutcome
 from autotune.search.gate import BASELINE, Measurement, decide_min_memory
 from autotune.search.objective import evaluate, invalid_config_evaluation, parse_objective
 from autotune.search.space import SearchSpace
-from workloads.replay_summary import ReplaySummary
+from tests.factories import ladder_step, trial_outcome
 from workloads.slo import parse_slos
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -110,17 +110,12 @@ def test_min_memory_needs_an_slo() -> None:
 
 
 def step_outcome(tmp_path: Path, *, passed: bool, ttft: float, ok: bool = True) -> TrialOutcome:
-    summary = ReplaySummary(
-        duration=10.0, completed=60, failed=0, total_input_tokens=2000, total_output_tokens=2000,
-        request_throughput=6.0, output_throughput=200.0, total_token_throughput=400.0,
-    )
-    step = LadderStep(index=0, speedup=1.5, offered_rps=6.0, requests=60, passed=passed, reason="",
-                      measured_ms={"ttft_p95_ms=500": ttft, "tpot_p95_ms=50": 20.0}, summary=summary,
-                      seconds=10.0)
+    step = ladder_step(speedup=1.5, offered_rps=6.0, requests=60, passed=passed,
+                       measured_ms={"ttft_p95_ms=500": ttft, "tpot_p95_ms=50": 20.0}, seconds=10.0)
     capacity = CapacityResult(capacity_rps=6.0 if passed else 0.0, capacity_speedup=1.5 if passed else None,
                               recorded_rps=4.0, first_fail_rps=None, bracketed=False, steps=[step])
-    return TrialOutcome(ok=ok, trial_dir=str(tmp_path), capacity=capacity,
-                        kv_cache=KVCacheSize(gib=0.23, tokens=120_960))
+    return trial_outcome(tmp_path, ok=ok, capacity=capacity,
+                         kv_cache=KVCacheSize(gib=0.23, tokens=120_960))
 
 
 def test_a_step_that_met_every_slo_scores_its_memory_and_one_that_missed_is_infeasible(tmp_path: Path) -> None:

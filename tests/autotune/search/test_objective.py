@@ -11,21 +11,19 @@ import pytest
 from autotune.errors import AutotuneError
 from autotune.measure.trial import TrialOutcome
 from autotune.search.objective import evaluate, parse_objective
-from workloads.replay_summary import ReplaySummary
+from tests.factories import replay_summary, trial_outcome
 from workloads.slo import parse_slos
 
 SLOS = parse_slos(["ttft_p95_ms=500", "tpot_p95_ms=50"])
 
 
 def outcome(tmp_path: Path, *, ttft_p95: float, goodput: float = 3.0, ok: bool = True) -> TrialOutcome:
-    summary = ReplaySummary(
-        duration=10.0, completed=40, failed=0, total_input_tokens=2000, total_output_tokens=2000,
-        request_throughput=4.0, output_throughput=200.0, total_token_throughput=400.0,
-        request_goodput=goodput, p95_ttft_ms=ttft_p95, p95_tpot_ms=20.0,
-    )
+    # throughput 4 req/s: the value of the throughput and pareto objectives
+    summary = replay_summary(completed=40, request_throughput=4.0, request_goodput=goodput,
+                             p95_ttft_ms=ttft_p95, p95_tpot_ms=20.0)
     if not ok:
-        return TrialOutcome(ok=False, failure="oom", failure_detail="KV cache too small", trial_dir=str(tmp_path))
-    return TrialOutcome(ok=True, summary=summary, trial_dir=str(tmp_path))
+        return trial_outcome(tmp_path, failure="oom", failure_detail="KV cache too small")
+    return trial_outcome(tmp_path, summary=summary)
 
 
 def test_goodput_is_the_value_and_slos_are_relative_constraints(tmp_path: Path) -> None:

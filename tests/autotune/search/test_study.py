@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
-from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.search.objective import default_slos, parse_objective
 from autotune.search.space import ParamSpec, SearchSpace
 from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from server.config import ServerConfig
+from tests.factories import replay_summary, trial_outcome, trial_timing
 from workloads.replay_summary import ReplaySummary
 from workloads.slo import parse_slo
 from workloads.trace import Trace, TraceRequest
@@ -48,19 +48,7 @@ def window(seconds: float = 10.0) -> Trace:
 
 
 def summary(goodput: float, ttft_p95: float, tpot_p95: float = 20.0) -> ReplaySummary:
-    return ReplaySummary(
-        duration=10.0,
-        completed=20,
-        failed=0,
-        total_input_tokens=1000,
-        total_output_tokens=400,
-        request_throughput=2.0,
-        output_throughput=40.0,
-        total_token_throughput=140.0,
-        request_goodput=goodput,
-        p95_ttft_ms=ttft_p95,
-        p95_tpot_ms=tpot_p95,
-    )
+    return replay_summary(request_goodput=goodput, p95_ttft_ms=ttft_p95, p95_tpot_ms=tpot_p95)
 
 
 class FakeRunner:
@@ -85,12 +73,11 @@ class FakeRunner:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         if call == self.interrupt_on_call:
             raise KeyboardInterrupt
-        timing = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=10.0, teardown_s=0.5)
+        timing = trial_timing()
         if call in self.fail:
-            return TrialOutcome(ok=False, failure=self.fail[call], failure_detail="boom",
-                                timing=timing, trial_dir=str(trial_dir))
+            return trial_outcome(trial_dir, failure=self.fail[call], failure_detail="boom", timing=timing)
         goodput, ttft = self.score(config.engine)
-        return TrialOutcome(ok=True, summary=summary(goodput, ttft), timing=timing, trial_dir=str(trial_dir))
+        return trial_outcome(trial_dir, summary=summary(goodput, ttft), timing=timing)
 
 
 def make_study(tmp_path: Path, runner, *, n_trials: int = 5, resume: bool = False,
@@ -238,9 +225,8 @@ class PruningRunner(FakeRunner):
         self.pruner_offered = getattr(self, "pruner_offered", []) + [should_prune is not None]
         for second in range(10):
             if should_prune is not None and should_prune(float(second), summary(goodput, ttft)):
-                return TrialOutcome(ok=False, failure="pruned", failure_detail=f"pruned at {second} s",
-                                    trial_dir=str(trial_dir))
-        return TrialOutcome(ok=True, summary=summary(goodput, ttft), trial_dir=str(trial_dir))
+                return trial_outcome(trial_dir, failure="pruned", failure_detail=f"pruned at {second} s")
+        return trial_outcome(trial_dir, summary=summary(goodput, ttft))
 
 
 def test_weak_trials_are_pruned_mid_window_but_never_the_baseline(tmp_path: Path) -> None:

@@ -23,7 +23,6 @@ from autotune.decide.report_plots import ReportInputs
 from autotune.errors import AutotuneError
 from autotune.measure.gpus import count_gpus
 from autotune.measure.ladder import CapacityResult
-from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.pipeline import capacity_figures
 from autotune.search.objective import parse_objective
 from autotune.search.relations import BUILTIN_RELATIONS
@@ -31,6 +30,7 @@ from autotune.search.space import SearchSpace, default_params
 from autotune.search.study import SearchInputs, StudyOptions, TuningStudy
 from autotune.search.topology import TOPOLOGY_RELATION
 from server.config import ServerConfig
+from tests.factories import trial_outcome, trial_timing
 from workloads.slo import parse_slos
 from workloads.trace import Trace, TraceRequest
 
@@ -106,9 +106,8 @@ class TopologyRunner:
         capacity = CapacityResult(capacity_rps=rps, capacity_speedup=rps / 2, recorded_rps=2.0,
                                   first_fail_rps=rps * 1.05, first_fail_speedup=rps / 2 * 1.05,
                                   bracketed=True, steps=[])
-        timing = TrialTiming(launch_s=0.1, ready_s=1.0, warmup_s=0.5, measure_s=10.0, teardown_s=0.5)
-        return TrialOutcome(ok=True, capacity=capacity, timing=timing, trial_dir=str(trial_dir),
-                            prefix_cache_hit_rate=0.5 / dp if self.hits else None)
+        return trial_outcome(trial_dir, capacity=capacity, timing=trial_timing(),
+                             prefix_cache_hit_rate=0.5 / dp if self.hits else None)
 
 
 def window() -> Trace:
