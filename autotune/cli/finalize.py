@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from autotune.cli.flags import add_study_flags, fork_server_socket
+from autotune.cli.flags import add_study_flags, connect_study
 from autotune.errors import EXIT_OK, describe_command
 
 
@@ -34,11 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def finalize_command(args: argparse.Namespace) -> int:
     # Imported here, not at the top: Optuna and the measuring stack are not needed for
     # `autotune finalize --help`.
-    from autotune.distributed import WorkerIdentity, connect, finalize
+    from autotune.distributed import WorkerIdentity, finalize
 
-    fork_server = fork_server_socket(args.fork_server_socket, os.environ)  # refused before connecting
-    storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
-                      grace_period_s=args.grace_period, max_retry=args.max_retry)
+    storage, fork_server = connect_study(args)
     finalize(
         storage,
         args.study,

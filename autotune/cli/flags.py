@@ -106,3 +106,14 @@ def request_fields(args: argparse.Namespace, *, model: type[BaseModel] = TuningR
         values["fork_server_socket"] = fork_server_socket(
             values.get("fork_server_socket"), environ, fork_servers=values.get("fork_servers", "on"))
     return values
+
+
+def connect_study(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    """(the study's storage, the shared fork server's socket) from `add_study_flags`' flags
+    (worker, finalize): the socket refused in one line before connecting."""
+    from autotune.distributed import connect
+
+    fork_server = fork_server_socket(args.fork_server_socket, os.environ)
+    storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
+                      grace_period_s=args.grace_period, max_retry=args.max_retry)
+    return storage, fork_server

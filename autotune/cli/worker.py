@@ -4,10 +4,9 @@ workers, one per GPU on any number of hosts, share one study."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from autotune.cli.flags import add_study_flags, fork_server_socket
+from autotune.cli.flags import add_study_flags, connect_study
 from autotune.errors import describe_command
 
 
@@ -29,11 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def worker_command(args: argparse.Namespace) -> int:
     # Imported here, not at the top: Optuna and the measuring stack are not needed for
     # `autotune worker --help`.
-    from autotune.distributed import WorkerIdentity, connect, run_worker
+    from autotune.distributed import WorkerIdentity, run_worker
 
-    fork_server = fork_server_socket(args.fork_server_socket, os.environ)  # refused before connecting
-    storage = connect(args.storage, heartbeat_interval_s=args.heartbeat_interval,
-                      grace_period_s=args.grace_period, max_retry=args.max_retry)
+    storage, fork_server = connect_study(args)
     # SIGTERM (a pod being deleted) and SIGHUP stop the trial's server and hand the trial back,
     # as Ctrl-C does: autotune.cli.exit_status runs every command under autotune.measure.signals.
     run_worker(
