@@ -269,9 +269,14 @@ def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generou
     assert low <= memory <= high
     figures = best["additional-config"]["vllm_autotune"]["provenance"]["memory"]
     assert figures["baseline_gpu_memory_utilization"] == default and figures["baseline_meets_slos"]
-    # vLLM's own figures, read from the trial's start log: less memory, a smaller KV cache.
-    assert 0 < figures["winner_kv_cache_gib"] < figures["baseline_kv_cache_gib"]
-    assert 0 < figures["winner_kv_cache_tokens"] < figures["baseline_kv_cache_tokens"]
+    # vLLM's own figures, read from the trial's start log: less memory, a smaller KV cache, on
+    # the same node. A VM's node can grow while the study runs (seen in CI: 12 -> 19 GiB, the
+    # winner's 0.12 share then held 1.30 GiB of KV cache against the baseline's 1.22 at 0.13):
+    # the shares are what was compared then, and the figures only need to be there.
+    assert figures["winner_kv_cache_gib"] > 0 and figures["winner_kv_cache_tokens"] > 0
+    if cpu_node_memory() == node:
+        assert figures["winner_kv_cache_gib"] < figures["baseline_kv_cache_gib"]
+        assert figures["winner_kv_cache_tokens"] < figures["baseline_kv_cache_tokens"]
     report = (out / "report.md").read_text().splitlines()
     assert report[2].startswith("**Memory: the exported config meets every SLO at 1.5x your recorded "
                                 f"traffic with gpu_memory_utilization {memory:g} (KV cache ")
