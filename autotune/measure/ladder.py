@@ -518,11 +518,17 @@ class LoadLadder:
         else:
             self.unscored.append(step)
         verdict = ("pass" if passed else ("abandoned" if step.abandoned else "fail")) if scored else "not scored"
+        # An abandoned step sent only its first requests: their rate is not the load it was
+        # judged to fail at (failing_rate: the planned one when higher), so both are shown.
+        offered = f"{step.offered_rps:.3g} req/s offered as sent"
+        if step.abandoned and step.planned_rps is not None and step.planned_rps > step.offered_rps:
+            offered = (f"{step.planned_rps:.3g} req/s planned, {step.offered_rps:.3g} as sent "
+                       "before it was stopped")
         self.say(
             # The step's own rate differs from x speed-up times the window's mean rate: its
             # requests are a stretch of the window, quieter or burstier than the whole.
             f"  step {index + 1}: x{speedup:.3g} the recorded arrivals ({planned} requests, "
-            f"{step.offered_rps:.3g} req/s offered as sent), {seconds:.0f} s: {verdict} ({reason})"
+            f"{offered}), {seconds:.0f} s: {verdict} ({reason})"
         )
         if settled.not_idle_ms:
             self.say(

@@ -286,3 +286,34 @@ def test_a_window_whose_client_stalled_once_is_replayed_and_scored(tmp_path: Pat
     assert outcome.summary is not None and outcome.summary.completed == 20
     # Scored on the second run's records, not the stalled first run's.
     assert outcome.summary == runner.returned[1].summary != runner.returned[0].summary
+
+
+def test_an_abandoned_step_s_line_names_the_rate_it_was_judged_at_beside_what_it_sent() -> None:
+    # Sparse first, then dense: a step stopped after its first 5 requests sent them at 5 req/s,
+    # while the step it was certain to miss was planned at ~9.5 req/s.
+    times = [i * 200.0 for i in range(10)] + [1800.0 + i * 20.0 for i in range(1, 11)]
+    steep = Trace.from_requests([TraceRequest(timestamp=t, input_length=10, output_length=5) for t in times],
+                                source="sparse, then dense")
+
+    async def stopped_after_five(trace: Trace, url: str, options: ReplayOptions, *, on_progress=None) -> ReplayResult:
+        records = [RequestRecord(index=i, scheduled_s=t / 1000.0, sent_s=t / 1000.0, input_tokens=10, lag_ms=0.5,
+                                 ttft_ms=2_000.0, e2e_ms=2_020.0, output_tokens=5, itl_ms=[5.0] * 4, status=200)
+                   for i, t in enumerate(trace.timestamps_ms[:5])]
+        so_far = summarize(records, 1.0, options.slos)
+        assert on_progress is not None and on_progress(1.0, so_far)  # the ladder: certain to miss
+        summary = summarize(records, 1.0, options.slos, stopped_early=True)
+        return ReplayResult(records=records, summary=summary.model_copy(update={"planned": len(trace)}))
+
+    lines: list[str] = []
+    settings = LadderSettings(step_requests=20, min_step_s=0.1, max_steps=1, settle_probe=False)
+    stand_in = StandIn(capacity=100.0, client_limit=1000.0)
+    ladder = LoadLadder(settings, url="http://stand-in", replay=ReplayOptions(slos=SLOS),
+                        scraper=Scraper(stand_in, report_queue=False), scrape_interval_s=0.05,
+                        replay_fn=stopped_after_five, say=lines.append)
+    stand_in.watched = False  # this replay does not wait for the sampler
+    result = asyncio.run(ladder.run(steep))
+    step = result.steps[0]
+    assert step.abandoned and step.offered_rps < step.planned_rps
+    line = next(line for line in lines if line.startswith("  step 1:"))
+    assert f"{step.planned_rps:.3g} req/s planned, {step.offered_rps:.3g} as sent before it was stopped" in line
+    assert "abandoned" in line
