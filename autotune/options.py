@@ -136,14 +136,12 @@ def _help(info: FieldInfo, flag: Flag, default_text: str | None) -> str:
     if "(default:" in flag.help:
         return flag.help
     shown = next((text for text in (default_text, flag.shown_default) if text is not None),
-                 None) or _shown_default(info.default)
+                 None) or (None if info.is_required() else _shown_default(info.default))
     return flag.help if shown is None else f"{flag.help} (default: {shown})"
 
 
 def _shown_default(default: Any) -> str | None:
-    if default is None or default is False or default == [] or default is dataclasses.MISSING:
-        return None
-    if type(default).__name__ == "PydanticUndefinedType":
+    if default is None or default is False or default == []:
         return None
     return f"{default:g}" if isinstance(default, float) else str(default)
 

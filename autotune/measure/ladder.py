@@ -521,8 +521,8 @@ class LoadLadder:
         # An abandoned step sent only its first requests: their rate is not the load it was
         # judged to fail at (failing_rate: the planned one when higher), so both are shown.
         offered = f"{step.offered_rps:.3g} req/s offered as sent"
-        if step.abandoned and step.planned_rps is not None and step.planned_rps > step.offered_rps:
-            offered = (f"{step.planned_rps:.3g} req/s planned, {step.offered_rps:.3g} as sent "
+        if step.abandoned and failing_rate(step) > step.offered_rps:
+            offered = (f"{failing_rate(step):.3g} req/s planned, {step.offered_rps:.3g} as sent "
                        "before it was stopped")
         self.say(
             # The step's own rate differs from x speed-up times the window's mean rate: its

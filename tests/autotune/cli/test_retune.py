@@ -234,9 +234,7 @@ def test_a_config_without_a_reference_asks_for_one(tmp_path, traces, capsys) -> 
     assert cli(argv, NeverRun()) == 0
 
 
-def test_neighbours_step_each_parameter_within_the_space(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The CPU memory band follows the NUMA node's size: a 32 GiB node's, whatever this one's.
-    monkeypatch.setattr("server.config.cpu_node_memory", lambda: 32 * 2**30)
+def test_neighbours_step_each_parameter_within_the_space(large_numa_node) -> None:
     space = SearchSpace.default("cpu")
     engine = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.12}
     found = {start.why for start in warm_start.neighbours(space, engine)}

@@ -45,10 +45,7 @@ class FilesRunner:
         return TrialOutcome(ok=True, summary=summary, timing=timing, trial_dir=str(trial_dir))
 
 
-def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path, monkeypatch) -> None:
-    # The CPU memory band follows the NUMA node's size: a 32 GiB node's, whatever this one's
-    # (on a 12 GiB node the sampled configs varied one knob too few for importances.png).
-    monkeypatch.setattr("server.config.cpu_node_memory", lambda: 32 * 2**30)
+def test_report_says_what_won_what_was_tried_and_what_it_cost(tmp_path: Path, large_numa_node) -> None:
     window = Trace.from_requests(
         [TraceRequest(timestamp=i * 250.0, input_length=50, output_length=20) for i in range(40)]
     )

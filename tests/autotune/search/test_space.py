@@ -79,10 +79,7 @@ def test_relations_hold_break_or_abstain() -> None:
     ]
 
 
-def test_suggest_gives_engine_values_and_baseline_is_representable(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The CPU memory band follows the NUMA node's size (server.config.cpu_memory_share): a
-    # 32 GiB node keeps vLLM's 0.1 inside it, whatever this machine's node holds right now.
-    monkeypatch.setattr("server.config.cpu_node_memory", lambda: 32 * 2**30)
+def test_suggest_gives_engine_values_and_baseline_is_representable(large_numa_node) -> None:
     space = SearchSpace.default("cpu")
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(20):
