@@ -6,7 +6,8 @@
 # cache). Started in the background (setsid) so it outlives one device call; restartable with
 # --resume (the trace is converted again identically).
 # Usage: conv-fp8-h200.sh KIT_DIR RUN_DIR [extra autotune run flags]
-#   env ALLOW (default "--allow fp8"; "" for the default space), TRIALS, REPEATS, STUDY
+#   env ALLOW (default "--allow fp8"; "" for the default space), TRIALS, REPEATS, STUDY,
+#   DETACH (default 1; 0 runs in the foreground, as issue58-h200.sh does for two runs in a row)
 set -euo pipefail
 kit=${1:?kit dir}; run=${2:?run dir}; shift 2
 source scripts/gpu/env.sh
@@ -19,5 +20,9 @@ cmd=(python3 -m autotune run --workload "$run/traffic.jsonl" --over-context drop
   --trials ${TRIALS:-3} --tuning-window 60 --holdout-window 60 --top-k 1 --repeats ${REPEATS:-3}
   --study-name ${STUDY:-h200-conv-fp8} --output-dir "$run/study" --seed 0 "$@")
 printf '%q ' "${cmd[@]}" > "$run/command.txt"; echo >> "$run/command.txt"
-setsid nohup "${cmd[@]}" >> "$run/study.log" 2>&1 < /dev/null &
-echo "started: $(cat "$run/command.txt")"
+if [ "${DETACH:-1}" = 0 ]; then
+  "${cmd[@]}" >> "$run/study.log" 2>&1 < /dev/null || echo "exit $?" >> "$run/study.log"
+else
+  setsid nohup "${cmd[@]}" >> "$run/study.log" 2>&1 < /dev/null &
+  echo "started: $(cat "$run/command.txt")"
+fi
