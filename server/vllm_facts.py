@@ -282,8 +282,14 @@ def build_facts(install: VllmInstall | None) -> VllmFacts:
 def serve_options(engine_args: set[str]) -> dict[str, ServeOption]:
     """`vllm serve`'s options, read from the parser vLLM builds for it (imports vLLM): what a
     `vllm serve --config` file may hold, each key being an option's name."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:  # vLLM before the launchers package (0.24 on the GPU host)
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
 
     options = {}
     for action in make_arg_parser(FlexibleArgumentParser())._actions:
