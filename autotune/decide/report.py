@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,13 +175,8 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
             "",
             f"Why: {decision.reason}.",
         ]
-    overrides = provenance["decision"]["overrides"]
-    for what, changed in (
-        ("engine arguments", {k: v for k, v in overrides.items() if k not in SEARCHABLE_SERVING_SETTINGS}),
-        ("serving settings", {k: v for k, v in overrides.items() if k in SEARCHABLE_SERVING_SETTINGS}),
-    ):
-        if changed:
-            lines += ["", f"Changed {what}: " + ", ".join(f"`{k}={v}`" for k, v in changed.items())]
+    lines += changed_lines(provenance["decision"]["overrides"],
+                           provenance["baseline"].get("effective_defaults") or {})
     lines += numerics_lines(provenance.get("numerics"), objective)
     for line in provenance["study"].get("clamped", []):  # a --space file that excludes the baseline
         lines += ["", f"Space clamped: {line}."]
@@ -274,6 +269,25 @@ def write_report(output_dir: Path, inputs: ReportInputs) -> Path:
     path = output_dir / "report.md"
     write_text_atomic(path, "\n".join(lines).rstrip() + "\n")
     return path
+
+
+def changed_lines(overrides: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:
+    """"Changed engine arguments: `quantization=fp8`" and the same for serving settings: the
+    emitted config's values that differ from what the baseline ran with (`baseline`: vLLM's
+    resolved defaults). A value equal to the baseline's, or None (left to vLLM's default), is
+    no change; the values the config sets to the baseline's are named after the changes."""
+    changed = {k: v for k, v in overrides.items() if v is not None and baseline.get(k, object()) != v}
+    same = [k for k, v in overrides.items() if v is not None and k not in changed]
+    lines: list[str] = []
+    for what, names in (
+        ("engine arguments", [k for k in changed if k not in SEARCHABLE_SERVING_SETTINGS]),
+        ("serving settings", [k for k in changed if k in SEARCHABLE_SERVING_SETTINGS]),
+    ):
+        if names:
+            lines += ["", f"Changed {what}: " + ", ".join(f"`{k}={changed[k]}`" for k in names)]
+    if lines and same:
+        lines[-1] += " (set as the baseline ran: " + ", ".join(f"`{k}`" for k in same) + ")"
+    return lines
 
 
 def numerics_lines(numerics: dict[str, Any] | None, objective: Objective) -> list[str]:

@@ -143,7 +143,9 @@ def slo_text(evaluation: Evaluation) -> str:
 def describe_trial(trial: FrozenTrial, objective: Objective) -> str:
     """One line: the overrides, the score, SLO status or the failure."""
     overrides = trial.user_attrs.get("overrides") or {}
-    params = ", ".join(f"{k}={_fmt(v)}" for k, v in overrides.items()) or "baseline (no overrides)"
+    # None: the knob left to vLLM's default (e.g. kv_cache_dtype beside --allow fp8's weights).
+    params = (", ".join(f"{k}={_fmt(v)}" for k, v in overrides.items() if v is not None)
+              or "baseline (no overrides)")
     if trial.state == TrialState.PRUNED:
         return f"pruned ({params})"
     if trial.state == TrialState.FAIL:

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from autotune.decide.export import build_provenance
-from autotune.decide.report import write_report
+from autotune.decide.report import changed_lines, write_report
 from autotune.decide.report_plots import ReportInputs
 from autotune.measure.trial import TrialOutcome, TrialTiming
 from autotune.search.objective import parse_objective
@@ -102,3 +102,19 @@ def test_a_headroom_the_ladder_capped_is_reported_as_a_lower_bound() -> None:
     assert "the baseline carries at least 4x your recorded traffic" in capped
     won = capacity_line({**measured, "winner_lower_bound": True}, kept_baseline=False)
     assert "the exported config carries at least 8x" in won and "the baseline carries 4x" in won
+
+
+def test_changed_arguments_are_those_that_differ_from_what_the_baseline_ran_with() -> None:
+    # The H200 fp8 run (results/h200-2026-12-02-fp8): the winner sets the scheduler knobs to
+    # vLLM's resolved defaults and leaves kv_cache_dtype to vLLM; only the weights changed.
+    ran = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.92,
+           "usage_context": "OPENAI_API_SERVER"}
+    winner = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.92,
+              "quantization": "fp8", "kv_cache_dtype": None}
+    assert changed_lines(winner, ran) == [
+        "", "Changed engine arguments: `quantization=fp8` (set as the baseline ran: `max_num_seqs`, "
+        "`max_num_batched_tokens`, `gpu_memory_utilization`)"]
+    assert changed_lines({"max_num_seqs": 512, "api_processes": 2}, ran) == [
+        "", "Changed engine arguments: `max_num_seqs=512`", "", "Changed serving settings: `api_processes=2`"]
+    # Unknown resolved defaults (a CPU run that could not read them): every set value is named.
+    assert changed_lines({"max_num_seqs": 1024}, {}) == ["", "Changed engine arguments: `max_num_seqs=1024`"]

@@ -326,3 +326,6 @@ def test_with_the_fp8_opt_in_the_first_phase_reaches_fp8_and_a_smaller_chunk_bud
     assert best.user_attrs["capacity_rps"] == pytest.approx(36.3, abs=0.1)
     assert best.user_attrs["changes_numerics"] == {"quantization": "fp8"}
     assert sum(NUMERICS_NOTE in line for line in lines) == 3  # each fp8 trial's live line
+    # A knob left to vLLM's default is not a setting of the trial (the H200 run printed
+    # `kv_cache_dtype=None` beside each fp8 trial's values).
+    assert not any("=None" in line for line in lines)
