@@ -4,6 +4,7 @@
 # all; the checkout grows with committed results, so the kit is re-split into parts that fit
 # beside it (4 MiB margin) and the SHA256SUMS is rewritten for the new parts. The last folder
 # also holds install_wheelhouse.sh, the model shapes and the traces.
+# Run `scripts/gpu/travel-light.sh on` first: the parts then grow to ~58 MiB (6 calls, not 9).
 # Usage: kit-parts.sh KIT_DIR STAGE_DIR   (KIT_DIR: what ../shared/gpu/build_wheelhouse.sh made)
 # Then per call: rm -rf .kit && cp -rl STAGE_DIR/NN .kit ; carry [".kit"] ; on the device
 # `mkdir -p /root/kit && cp -r .kit/* /root/kit/`; in the last call also
