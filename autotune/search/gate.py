@@ -226,12 +226,17 @@ def decide(
     # One run each: the interval is one difference and the spread 0, so no noise was measured.
     single = (" (one run each: no run-to-run noise measured; --repeats 3 would measure it)"
               if min(len(best.values), len(base.values)) < 2 else "")
+    # Every repeat of each config at one value (a capacity ladder that passed and failed the
+    # same steps each time, as on the H200 of results/h200-2026-12-02-fp8): the interval is a
+    # point, and the noise the effect beat is the ladder's resolution, not that width.
+    same = (" (every repeat of each config measured the same value)"
+            if not single and ci_high - ci_low <= 1e-3 * max(abs(ci_low), abs(ci_high)) else "")
     return GateDecision(
         winner=best.candidate,
         keep_baseline=False,
         reason=(
             f"{best.candidate} beats the baseline by {gain} ({pct} CI of the difference "
-            f"[{ci_low:.3g}, {ci_high:.3g}]) and met every SLO in every repeat{single}{said}"
+            f"[{ci_low:.3g}, {ci_high:.3g}]{same}) and met every SLO in every repeat{single}{said}"
         ),
         best_candidate=best.candidate,
         baseline_median=base.median,

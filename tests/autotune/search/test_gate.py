@@ -134,6 +134,18 @@ def test_repeats_on_the_same_ladder_step_still_carry_the_ladder_s_resolution_as_
     won = decide(clear)
     assert not won.keep_baseline and won.winner == "trial-0003"
     assert "noise used 10.0%, the ladder's resolution" in won.reason
+    assert "measured the same value" not in won.reason  # 12.5, 12.6, 12.5: an interval
+
+
+def test_a_point_interval_says_every_repeat_measured_the_same_value() -> None:
+    """The H200 fp8 gate (results/h200-2026-12-02-fp8): 17.3 and 28.9 req/s in each of three
+    repeats read "95% CI of the difference [11.6, 11.6]", which looks like a certainty the
+    ladder's 5.7% steps do not give: the reason says why the interval is a point."""
+    runs = (ladder_series(BASELINE, [17.3, 17.3, 17.3], [18.7, 18.7, 18.7])
+            + ladder_series("trial-0001", [28.9, 28.9, 28.9], [31.0, 31.0, 31.0]))
+    won = decide(runs)
+    assert not won.keep_baseline and won.winner == "trial-0001"
+    assert "[11.6, 11.6] (every repeat of each config measured the same value)" in won.reason
 
 
 def test_a_baseline_spread_wider_than_the_resolution_is_the_noise() -> None:
