@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 59's H200 headline, one scenario and one piece per call, so that each piece fits one
+# session's device time and every piece is restartable (run it again with the same RUN_DIR:
+# measured grid points and study trials are kept, a cut gate goes on after its whole rounds).
+#
+# Scenarios (dummy weights of ../shared/gpu/models shapes, real arrivals):
+#   conv         Llama-3.1-8B shape, Azure 2023 conversation trace as recorded, TTFT p95 <= 1000 ms,
+#                TPOT p95 <= 25 ms (issue 58's scenario)
+#   code         Llama-3.1-8B shape, Azure 2023 code trace as recorded (prompts p50 ~1.5k tokens,
+#                bursty), TTFT p95 <= 500 ms, TPOT p95 <= 50 ms
+#   translation  Qwen2-1.5B shape, translation-length traffic at 200 req/s (the sample trace's
+#                shape, seeded), TTFT p95 <= 500 ms, TPOT p95 <= 50 ms, stock `vllm serve` with 4
+#                API processes (one front end cannot offer this rate: results/h100-2026-11-23)
+# Pieces:
+#   grid    max_num_seqs x max_num_batched_tokens x quantization {none, fp8}, 16 points with
+#           vLLM's defaults among them, one launch each on the tuning window `autotune run`
+#           searches; then the defaults twice more (RUN_DIR/grid-repeat-K, RUN_DIR/grid/repeats.json)
+#           so the table carries their noise. ~1.5-2 min a point on an H200: MAX_POINTS=N stops
+#           after N new points (resume in the next session).
+#   tuned   `autotune run`, default space, the hand-tuned config (16 seqs / 8192 / 0.3) as
+#           --compare, 3 trials, gate of 3 interleaved held-out repeats (~20 min)
+#   fp8     the same with `--allow fp8` (~20 min)
+# Run from a copy of the checkout outside the one the device tool re-sends, in the background:
+#   (setsid nohup bash scripts/gpu/headline-h200.sh conv grid /root/kit /root/runs/conv > /root/h.out 2>&1 &)
+#   bash scripts/gpu/poll.sh /root/runs/conv 500
+# Usage: headline-h200.sh SCENARIO PIECE KIT_DIR RUN_DIR   (env MAX_POINTS, TRIALS)
+set -euo pipefail
+scenario=${1:?conv, code or translation}; piece=${2:?grid, tuned or fp8}
+kit=${3:?kit dir}; run=${4:?run dir}
+source scripts/gpu/env.sh
+mkdir -p "$run"
+case "$scenario" in
+  conv)
+    model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=1000 tpot_p95_ms=25)
+    seqs=128,1024; batched=512,1024,2048,8192; server=()
+    [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_conv_2023.csv" "$run/traffic.jsonl" ;;
+  code)
+    model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
+    seqs=256,1024; batched=1024,2048,4096,8192; server=()
+    [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_code_2023.csv" "$run/traffic.jsonl" ;;
+  translation)
+    model=qwen2-1.5b-shape; context=4096; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
+    seqs=128,1024; batched=1024,2048,4096,8192; server=(--server vllm --api-server-count 4 --step-requests 1000)
+    [ -f "$run/traffic.jsonl" ] || python3 -m autotune generate "$run/traffic.jsonl" --duration-s 300 --rate 200 --seed 7 ;;
+  *) echo "headline-h200.sh: scenario conv, code or translation, not $scenario" >&2; exit 2 ;;
+esac
+common=(--model "$kit/models/$model" --load-format dummy --max-model-len "$context" --over-context drop
+  --slo "${slos[0]}" --slo "${slos[1]}" --objective capacity --tuning-window 60 --holdout-window 60 "${server[@]}")
+case "$piece" in
+  grid)
+    measure=(python3 benchmarks/search_efficiency.py measure --objective capacity --trace "$run/traffic.jsonl"
+      --seqs "$seqs" --batched "$batched" --quantization none,fp8)
+    for flag in "${common[@]}"; do measure+=("--run-arg=$flag"); done
+    printf '%q ' "${measure[@]}" > "$run/grid-command.txt"; echo >> "$run/grid-command.txt"
+    { date -u +"grid start %FT%TZ"
+      "${measure[@]}" --table "$run/grid" ${MAX_POINTS:+--max-points "$MAX_POINTS"}
+      for k in 1 2; do  # vLLM's defaults twice more: the table's noise
+        "${measure[@]}" --table "$run/grid-repeat-$k" --max-points 1
+      done
+      printf '{"tables": ["../grid-repeat-1", "../grid-repeat-2"], "note": "vLLM defaults measured again on the same host, same traffic"}\n' > "$run/grid/repeats.json"
+      date -u +"grid end %FT%TZ"; } >> "$run/grid.log" 2>&1 ;;
+  tuned|fp8)
+    study=h200-$scenario-$piece; out=$run/$piece
+    allow=(); [ "$piece" = fp8 ] && allow=(--allow fp8)
+    resume=(); [ -f "$out/study.db" ] && resume=(--resume)
+    cmd=(python3 -m autotune run --workload "$run/traffic.jsonl" "${common[@]}" "${allow[@]}"
+      --compare scripts/gpu/handtuned.yaml --trials "${TRIALS:-3}" --top-k 1 --repeats 3
+      --study-name "$study" --output-dir "$out" --seed 0 "${resume[@]}")
+    printf '%q ' "${cmd[@]}" > "$run/$piece-command.txt"; echo >> "$run/$piece-command.txt"
+    { date -u +"$piece start %FT%TZ"; "${cmd[@]}" || echo "exit $?"; date -u +"$piece end %FT%TZ"; } \
+      >> "$run/$piece.log" 2>&1 < /dev/null ;;
+  *) echo "headline-h200.sh: piece grid, tuned or fp8, not $piece" >&2; exit 2 ;;
+esac
