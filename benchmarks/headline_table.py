@@ -1,0 +1,198 @@
+"""One headline scenario's table (issue 59): vLLM's defaults, the hand-tuned config, the tuned
+configs (default space; `--allow fp8`) and the grid's best without and with fp8, side by side.
+
+Inputs are what the runs wrote, nothing re-measured:
+- a tuned run's `--output-dir` (its best.yaml provenance holds the gate's measurements on the
+  held-out window, the emitted config and the search and gate wall times; trials/<trial>/
+  outcome.json the emitted trial's capacity on the tuning window);
+- the grid's table (benchmarks/search_table.py), measured with the same ladder on the same
+  tuning window, its repeats.json pooling the defaults' extra launches.
+
+Columns: capacity on the held-out window (req/s, median and [min, max] of the gate's
+interleaved repeats) and its ratio to the defaults of the same gate; capacity on the tuning
+window (one launch; the defaults' and a pooled point's: the median of their launches) and its
+ratio to the grid's best on that window (the grid's best without fp8 for the default space,
+with fp8 for `--allow fp8`); GPU seconds (one GPU: the run's search and gate wall time; the
+grid: every point's launch).
+
+Usage: python benchmarks/headline_table.py --grid RUN/grid --tuned RUN/tuned --fp8 RUN/fp8
+       [--out RUN/table.md]   (any of the three may be left out; the out file gets a .json twin)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
+from benchmarks.search_table import Point, Table, load_repeats, load_table, pooled  # noqa: E402
+
+HANDTUNED = "compare-handtuned"
+DEFAULTS = "vLLM's defaults"
+
+
+class Row(BaseModel):
+    """One line of the table. Capacities in req/s; None: not measured that way."""
+
+    config: str
+    what: str  # the config's settings, e.g. "quantization=fp8"
+    held_out: list[float] = []  # the gate's repeats
+    held_out_defaults: list[float] = []  # the same gate's defaults
+    tuning: list[float] = []  # launches on the tuning window
+    grid_best: float | None = None  # the grid's best this row is judged against (tuning window)
+    gpu_s: float | None = None
+
+    def median(self, values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+
+class TunedRun(BaseModel):
+    """What one `autotune run` output dir says (best.yaml's provenance)."""
+
+    emitted: str
+    overrides: dict[str, Any]
+    measurements: list[dict[str, Any]]
+    search_wall_s: float
+    gate_wall_s: float
+    tuning_capacity: float | None  # the emitted trial's, on the tuning window
+
+    def held_out(self, candidate: str) -> list[float]:
+        return [m["value"] for m in sorted(self.measurements, key=lambda m: m["repeat"])
+                if m["candidate"] == candidate]
+
+
+def read_run(out_dir: Path) -> TunedRun:
+    """The run's provenance; SystemExit naming the file when it is not a finished run's."""
+    path = out_dir / "best.yaml"
+    if not path.is_file():
+        raise SystemExit(f"{path}: not found (the run has not finished its gate)")
+    provenance = yaml.safe_load(path.read_text())["additional-config"]["vllm_autotune"]["provenance"]
+    decision = provenance["decision"]
+    emitted = decision["emitted"]
+    trial = "trial-0000" if emitted == "baseline" else emitted
+    outcome = out_dir / "trials" / trial / "outcome.json"
+    capacity = json.loads(outcome.read_text()).get("capacity") if outcome.is_file() else None
+    return TunedRun(
+        emitted=emitted,
+        overrides={k: v for k, v in (decision.get("overrides") or {}).items() if v is not None},
+        measurements=provenance["validation"],
+        search_wall_s=provenance["study"]["search_wall_s"],
+        gate_wall_s=provenance["study"]["validation_wall_s"],
+        tuning_capacity=(capacity or {}).get("capacity_rps"),
+    )
+
+
+def point_score(point: Point) -> list[float]:
+    """A grid point's launches' capacities on the tuning window (a failed launch: 0)."""
+    runs = point.launches or [point]
+    return [p.score if p.feasible else 0.0 for p in runs]
+
+
+def describe_point(point: Point) -> str:
+    seqs, batched = point.effective.get("max_num_seqs"), point.effective.get("max_num_batched_tokens")
+    quantization = getattr(point, "quantization", None)
+    return f"max_num_seqs={seqs}, max_num_batched_tokens={batched}" + (
+        f", quantization={quantization}" if quantization else "")
+
+
+def grid_best(table: Table, *, fp8: bool | None) -> Point | None:
+    """The grid's best point on the tuning window: among points without fp8 (fp8=False), with
+    fp8 only (True), or all (None)."""
+    points = [p for p in table.points
+              if fp8 is None or (getattr(p, "quantization", None) == "fp8") == fp8]
+    return max(points, key=lambda p: p.score, default=None)
+
+
+def build_rows(grid: Table | None, tuned: TunedRun | None, fp8: TunedRun | None) -> list[Row]:
+    rows: list[Row] = []
+    gate = tuned or fp8
+    defaults_tuning = point_score(grid.baseline_point()) if grid and grid.baseline_point() else []
+    if gate is not None or defaults_tuning:
+        base = gate.held_out("baseline") if gate else []
+        rows.append(Row(config=DEFAULTS, what="no overrides", held_out=base, held_out_defaults=base,
+                        tuning=defaults_tuning))
+    if gate is not None and gate.held_out(HANDTUNED):
+        rows.append(Row(config="hand-tuned", what="16 seqs / 8192 batched tokens / 0.3 memory",
+                        held_out=gate.held_out(HANDTUNED), held_out_defaults=gate.held_out("baseline")))
+    best_plain = grid_best(grid, fp8=False) if grid else None
+    best_any = grid_best(grid, fp8=None) if grid else None
+    for name, run, against in (("tuned (default space)", tuned, best_plain), ("tuned (--allow fp8)", fp8, best_any)):
+        if run is None:
+            continue
+        what = ", ".join(f"{k}={v}" for k, v in run.overrides.items()) or "the baseline kept"
+        rows.append(Row(config=name + (f": {run.emitted}" if run.emitted != "baseline" else ": baseline kept"),
+                        what=what, held_out=run.held_out(run.emitted), held_out_defaults=run.held_out("baseline"),
+                        tuning=[run.tuning_capacity] if run.tuning_capacity is not None else [],
+                        grid_best=against.score if against else None, gpu_s=run.search_wall_s + run.gate_wall_s))
+    if grid is not None:
+        cost = sum(p.wall_s for p in grid.points)
+        best_fp8 = grid_best(grid, fp8=True)
+        for name, point in (("grid's best without fp8", best_plain), ("grid's best with fp8", best_fp8)):
+            if point is not None:
+                rows.append(Row(config=name + f": {point.label}", what=describe_point(point),
+                                tuning=point_score(point), grid_best=best_any.score if best_any else None,
+                                gpu_s=cost))
+    return rows
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    median = statistics.median(values)
+    return f"{median:.1f}" if len(values) == 1 else f"{median:.1f} [{min(values):.1f}, {max(values):.1f}]"
+
+
+def _ratio(value: float | None, against: float | None) -> str:
+    return "-" if value is None or not against else f"{value / against:.2f}x"
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| config | settings | held-out capacity, median [min, max] | vs defaults (same gate) "
+             "| tuning-window capacity | vs grid's best | GPU seconds |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        versus = (_ratio(row.median(row.held_out), row.median(row.held_out_defaults))
+                  if row.held_out is not row.held_out_defaults and row.config != DEFAULTS else "-")
+        lines.append(
+            f"| {row.config} | {row.what} | {_span(row.held_out)} | {versus} "
+            f"| {_span(row.tuning)} | {_ratio(row.median(row.tuning), row.grid_best)} "
+            f"| {'-' if row.gpu_s is None else f'{row.gpu_s:.0f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", type=Path, help="the grid's table folder (table.json)")
+    parser.add_argument("--tuned", type=Path, help="the default-space run's --output-dir")
+    parser.add_argument("--fp8", type=Path, help="the --allow fp8 run's --output-dir")
+    parser.add_argument("--out", type=Path, help="write the table here (and a .json beside it)")
+    args = parser.parse_args(argv)
+    if not (args.grid or args.tuned or args.fp8):
+        parser.error("give at least one of --grid, --tuned, --fp8")
+    grid = None
+    if args.grid is not None:
+        if not (args.grid / "table.json").is_file():
+            raise SystemExit(f"{args.grid / 'table.json'}: not found")
+        table = load_table(args.grid)
+        grid = pooled(table, load_repeats(table, args.grid))
+    rows = build_rows(grid, read_run(args.tuned) if args.tuned else None, read_run(args.fp8) if args.fp8 else None)
+    text = markdown(rows)
+    if args.out is not None:
+        write_text_atomic(args.out, text)
+        write_json_atomic(args.out.with_suffix(".json"), [r.model_dump() for r in rows])
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
