@@ -23,6 +23,8 @@
 # Run from a copy of the checkout outside the one the device tool re-sends, in the background:
 #   (setsid nohup bash scripts/gpu/headline-h200.sh conv grid /root/kit /root/runs/conv > /root/h.out 2>&1 &)
 #   bash scripts/gpu/poll.sh /root/runs/conv 500
+# Then, where the run folders were brought back: python3 benchmarks/headline_table.py
+#   --grid RUN_DIR/grid --tuned RUN_DIR/tuned --fp8 RUN_DIR/fp8 --out RUN_DIR/table.md
 # Usage: headline-h200.sh SCENARIO PIECE KIT_DIR RUN_DIR   (env MAX_POINTS, TRIALS)
 set -euo pipefail
 scenario=${1:?conv, code or translation}; piece=${2:?grid, tuned or fp8}
