@@ -68,11 +68,46 @@ from benchmarks.search_measure import (
     QUICK_SEQS,
     TRACE,
     measure,
-    parse_shard,
-    powers_list,
 )
 from benchmarks.search_report import replay
-from benchmarks.search_table import default_table
+from benchmarks.search_table import QUANTIZATIONS, default_table
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`--shard K/N` (argparse type): K in 0..N-1."""
+    index, sep, count = text.partition("/")
+    try:
+        k, n = int(index), int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, e.g. 0/4") from None
+    if not sep or n < 1 or not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N with 0 <= K < N, e.g. 0/4")
+    return k, n
+
+
+def powers_list(text: str) -> tuple[int, ...]:
+    """`--seqs 64,128,256`: comma-separated powers of two (argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024") from None
+    bad = [v for v in values if v < 1 or v & (v - 1)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]} is not a power of two")
+    return values
+
+
+def quantization_list(text: str) -> tuple[str, ...]:
+    """`--quantization none,fp8` (argparse type): values of QUANTIZATIONS, "none" among them (the
+    baseline, vLLM's defaults, runs its default weights), in that order, each once."""
+    values = [part.strip() for part in text.split(",")]
+    bad = [v for v in values if v not in QUANTIZATIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]!r} is not one of {', '.join(QUANTIZATIONS)}")
+    if "none" not in values:
+        raise argparse.ArgumentTypeError(f"{text!r}: include none (vLLM's default weights), e.g. none,fp8: "
+                                         "the grid compares fp8 with the defaults' weights")
+    return tuple(q for q in QUANTIZATIONS if q in values)
 
 
 def main() -> int:
@@ -89,6 +124,10 @@ def main() -> int:
                                 help=f"capacity grid's max_num_seqs values (default {CAPACITY_SEQS})")
     measure_parser.add_argument("--batched", type=powers_list, default=None,
                                 help=f"capacity grid's max_num_batched_tokens values (default {CAPACITY_BATCHED})")
+    measure_parser.add_argument("--quantization", type=quantization_list, default=("none",),
+                                help="capacity: the weights' quantization axis, a comma list of "
+                                     f"{', '.join(QUANTIZATIONS)} (none: vLLM's default weights; fp8: "
+                                     "`quantization: fp8`, as `autotune run --allow fp8`); default none")
     measure_parser.add_argument("--run-arg", action="append", default=[], dest="run_args", metavar="FLAG",
                                 help="capacity: an `autotune run` flag for every point, repeatable, "
                                      "e.g. --run-arg=--model=DIR --run-arg=--slo=ttft_p95_ms=500")

@@ -20,10 +20,12 @@ import numpy as np
 
 from benchmarks.benchlib import ROOT, EngineWatch, fmt, say, write_json_atomic
 from benchmarks.search_table import (
+    QUANTIZATION_AXIS,
     Point,
     Table,
     check_powers_of_two,
     launchable,
+    point_label,
     relative_dir,
     settings_conflicts,
 )
@@ -36,52 +38,57 @@ QUICK_SEQS = (16, 32)
 QUICK_BATCHED = (1024, 2048)
 TRACE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 BASELINE_LABEL = "baseline"
+# One point to measure: (label, max_num_seqs, max_num_batched_tokens, quantization); the knobs
+# None for the baseline (vLLM's defaults), quantization None for vLLM's default weights.
+Planned = tuple[str, int | None, int | None, str | None]
 
 
-def point_config(baseline, seqs: int | None, batched: int | None):
+def point_config(baseline, seqs: int | None, batched: int | None, quantization: str | None = None):
     """A grid point's config as TuningStudy.trial_config builds a trial's: the baseline with
-    the knobs on top, in benchmark mode."""
+    the knobs on top, in benchmark mode; `quantization: fp8` as `autotune run --allow fp8` sets it."""
     engine = dict(baseline.engine)
     if seqs is not None:
         engine["max_num_seqs"] = seqs
     if batched is not None:
         engine["max_num_batched_tokens"] = batched
+    if quantization is not None:
+        engine["quantization"] = quantization
     serving = baseline.serving.model_copy(update={"benchmark_mode": True})
     return baseline.model_copy(update={"engine": engine, "serving": serving, "provenance": None})
 
 
 def measurement_order(seqs: Sequence[int], batched: Sequence[int], defaults: tuple[int, int],
-                      order_seed: int) -> list[tuple[str, int | None, int | None]]:
+                      order_seed: int, quantizations: Sequence[str | None] = (None,)) -> list[Planned]:
     """The baseline first, then every other grid point in a seeded random order (a slow
     period of the shared machine then does not line up with one corner of the grid). Points
     that break a built-in relation of the search space (vLLM refuses fewer batched tokens than
-    sequences) are left out, as `autotune run` never launches them."""
-    rest = [(f"s{s}-b{b}", s, b) for s, b in itertools.product(seqs, batched)
-            if (s, b) != defaults and launchable(s, b)]
+    sequences) are left out, as `autotune run` never launches them. `quantizations`: the
+    weights each scheduler point is measured with (None: vLLM's default; "fp8": one more point
+    each, the defaults' knobs with fp8 included); at (None,) the order is the one measured before
+    the axis existed."""
+    rest = [(point_label(s, b, q), s, b, q) for q, s, b in itertools.product(quantizations, seqs, batched)
+            if ((s, b) != defaults or q is not None) and launchable(s, b)]
     rng = np.random.default_rng(order_seed)
-    return [(BASELINE_LABEL, None, None)] + [rest[i] for i in rng.permutation(len(rest))]
+    return [(BASELINE_LABEL, None, None, None)] + [rest[i] for i in rng.permutation(len(rest))]
 
 
-def shard_points(order: Sequence[tuple[str, int | None, int | None]], shard: tuple[int, int]
-                 ) -> list[tuple[str, int | None, int | None]]:
+def grid_settings(seqs: Sequence[int], batched: Sequence[int], quantizations: Sequence[str]) -> dict[str, Any]:
+    """The table's `grid` setting: the axes and their values. The quantization axis only where
+    it holds more than vLLM's default weights, so a table measured without it (before the axis
+    existed, or with `--quantization none`) has the same settings and resumes."""
+    grid: dict[str, Any] = {"max_num_seqs": list(seqs), "max_num_batched_tokens": list(batched)}
+    if list(quantizations) != ["none"]:
+        grid[QUANTIZATION_AXIS] = list(quantizations)
+    return grid
+
+
+def shard_points(order: Sequence[Planned], shard: tuple[int, int]) -> list[Planned]:
     """The points shard K of N measures: all of them for one shard; else every Nth point after
     the baseline, from the K-th (the same split in every process, whatever is already done)."""
     index, count = shard
     if count == 1:
         return list(order)
     return [point for point in order if point[0] != BASELINE_LABEL][index::count]
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """`--shard K/N` (argparse type): K in 0..N-1."""
-    index, sep, count = text.partition("/")
-    try:
-        k, n = int(index), int(count)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N, e.g. 0/4") from None
-    if not sep or n < 1 or not 0 <= k < n:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N with 0 <= K < N, e.g. 0/4")
-    return k, n
 
 
 @contextlib.contextmanager
@@ -167,7 +174,11 @@ def measure_capacity(args: argparse.Namespace) -> int:
     # `autotune run --workload TRACE` with every other setting at its default: the same window,
     # SLOs, ladder settings and baseline as the product's default run.
     # --run-arg adds `autotune run` flags (a GPU grid: --model, --slo, --max-model-len, ...).
-    request = TuningRequest(**{**run_flags(args.run_args), "workload": str(args.trace),
+    flags = run_flags(args.run_args)
+    if "fp8" in args.quantization:
+        # As `autotune run --allow fp8`: a CPU or a GPU without FP8 is refused before any engine starts.
+        flags["allow"] = sorted({*flags.get("allow", []), "fp8"})
+    request = TuningRequest(**{**flags, "workload": str(args.trace),
                                "study_name": "search-grid", "output_dir": table_dir})
     plan = prepare_plan(request)
     tuning, slos, ladder, baseline = plan.tuning_window, plan.slos, plan.ladder, plan.baseline
@@ -190,7 +201,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
         "speedup": request.speedup,
         "defaults": defaults,
         "baseline_engine": stored_engine(baseline.engine),
-        "grid": {"max_num_seqs": list(args.seqs), "max_num_batched_tokens": list(args.batched)},
+        "grid": grid_settings(args.seqs, args.batched, args.quantization),
         "hint": "the baseline's ladder starts at 1x (unhinted, as trial 0); every other point's "
                 "starts at the baseline's capacity with finer steps (LadderSettings.hinted), as "
                 "`autotune run` starts a trial at the best capacity found so far",
@@ -204,7 +215,8 @@ def measure_capacity(args: argparse.Namespace) -> int:
                              f"use another --table")
         table = extend_grid(table_path, settings)  # nothing to do when the grid is the same
     default_key = (int(defaults["max_num_seqs"]), int(defaults["max_num_batched_tokens"]))
-    order = measurement_order(args.seqs, args.batched, default_key, args.order_seed)
+    quantizations = [None if q == "none" else q for q in args.quantization]
+    order = measurement_order(args.seqs, args.batched, default_key, args.order_seed, quantizations)
     shard_index, shards = args.shard
     if shards > 1 and table.baseline_point() is None:
         raise SystemExit(f"{table_path}: --shard {shard_index}/{shards} needs the baseline measured "
@@ -223,12 +235,12 @@ def measure_capacity(args: argparse.Namespace) -> int:
     registry = table_dir / ("servers.json" if shards == 1 else f"servers-shard{shard_index}.json")
     runner = build_runner(plan, registry=registry, say=say)
     objective = Objective(kind="capacity")
-    for label, seqs, batched in todo:
+    for label, seqs, batched, quantization in todo:
         base = table.baseline_point()
         hint = None
         if label != BASELINE_LABEL and base is not None and base.score > 0:
             hint = base.score / settings["recorded_rps"]
-        config = point_config(baseline, seqs, batched)
+        config = point_config(baseline, seqs, batched, quantization)
         effective = effective_settings(resolve_engine_config(config)).model_dump()
         trial_dir = table_dir / "trials" / label
         if trial_dir.exists():
@@ -269,6 +281,7 @@ def measure_capacity(args: argparse.Namespace) -> int:
             ladder_steps=None if capacity is None else len(capacity.steps),
             start_speedup=hint,
             limiting_slo=None if capacity is None else limiting_slo(capacity, slos),
+            quantization=quantization,
         )
         table = store_point(table_path, settings, point)
         keep_small(trial_dir)
@@ -299,6 +312,8 @@ def measure_goodput(args: argparse.Namespace) -> int:
     from workloads.trace_io import load_trace
     from workloads.windows import select_windows
 
+    if list(args.quantization) != ["none"]:
+        raise SystemExit("--quantization: the goodput table measures vLLM's default weights only (a CPU engine)")
     table_dir = Path(args.table)
     table_path = table_dir / "table.json"
     trace = load_trace(args.trace)
@@ -332,7 +347,7 @@ def measure_goodput(args: argparse.Namespace) -> int:
                                    timeout_s=args.request_timeout)
     runner = TrialRunner(replay=replay_options, stale_registry=table_dir / "servers.json")
     objective = Objective(kind="goodput")
-    for label, seqs, batched in todo:
+    for label, seqs, batched, _ in todo:
         config = point_config(baseline, seqs, batched)
         effective = effective_settings(resolve_engine_config(config)).model_dump()
         trial_dir = table_dir / "trials" / label
@@ -371,15 +386,3 @@ def trace_name(trace: Path) -> str:
     """The trace as the table records it: relative to the repository where it lives in it."""
     resolved = trace.resolve()
     return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
-
-
-def powers_list(text: str) -> tuple[int, ...]:
-    """`--seqs 64,128,256`: comma-separated powers of two (argparse type)."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024") from None
-    bad = [v for v in values if v < 1 or v & (v - 1)]
-    if bad:
-        raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]} is not a power of two")
-    return values

@@ -17,10 +17,13 @@ from pydantic import BaseModel
 
 from benchmarks.benchlib import fmt, say, spread
 from benchmarks.search_table import (
+    QUANTIZATION_AXIS,
+    Key,
     Point,
     Table,
     check_powers_of_two,
     conditions,
+    draw,
     load_repeats,
     one_scheduler_config,
     pooled,
@@ -53,7 +56,7 @@ class TableRunner:
     point answers with one of its launches, drawn anew at every launch (seeded)."""
 
     def __init__(self, table: Table, clock: VirtualClock, defaults: dict[str, Any], *, seed: int = 0):
-        self.points = table.by_key()
+        self.table = table
         self.clock = clock
         self.defaults = defaults
         self.rng = np.random.default_rng(seed)
@@ -62,14 +65,7 @@ class TableRunner:
     def run(self, config, window, trial_dir, *, should_prune=None, start_speedup=None):
         from autotune.measure.trial import TrialOutcome
 
-        key = (
-            int(config.engine.get("max_num_seqs") or self.defaults["max_num_seqs"]),
-            int(config.engine.get("max_num_batched_tokens") or self.defaults["max_num_batched_tokens"]),
-        )
-        point = self.points.get(key)
-        if point is None:
-            raise KeyError(f"the table has no point max_num_seqs={key[0]}, "
-                           f"max_num_batched_tokens={key[1]}; measure it first")
+        point = self.table.lookup(config.engine, self.defaults)
         point = draw(point, self.rng)
         self.calls.append(point)
         self.clock.now += point.wall_s
@@ -119,28 +115,22 @@ class Replay:
         )
 
 
-def draw(point: Point, rng: np.random.Generator) -> Point:
-    """One launch of a config: a pooled point's launches at random, else the point itself. A
-    launch recorded for another point of its scheduler config answers as this point's."""
-    if not point.launches:
-        return point
-    launch = point.launches[int(rng.integers(len(point.launches)))]
-    if launch.key == point.key:
-        return launch
-    return launch.model_copy(update={"label": point.label, "max_num_seqs": point.max_num_seqs,
-                                     "max_num_batched_tokens": point.max_num_batched_tokens,
-                                     "effective": point.effective, "baseline": point.baseline})
-
-
 def replay_space(table: Table):
+    """The grid as a search space: each scheduler knob every power of two from its lowest to its
+    highest value; a grid with fp8 points adds `quantization` as `autotune run --allow fp8` does."""
+    from autotune.search.numerics import numerics_params
     from autotune.search.space import ParamSpec, SearchSpace
 
     check_powers_of_two(table.settings)
     grid = table.settings["grid"]
-    return SearchSpace(
-        {name: ParamSpec(type="pow2", low=min(values), high=max(values)) for name, values in grid.items()},
-        source="the benchmark grid",
-    )
+    params = {name: ParamSpec(type="pow2", low=min(values), high=max(values))
+              for name, values in grid.items() if name != QUANTIZATION_AXIS}
+    if table.has_fp8():
+        # `--allow fp8` also adds kv_cache_dtype, which no table measured: only the axes the table
+        # has can be looked up, so the replay searches the weights' quantization alone. The
+        # baseline is vLLM's defaults (no quantization), as in every table.
+        params |= {name: spec for name, spec in numerics_params(("fp8",), {}).items() if name == QUANTIZATION_AXIS}
+    return SearchSpace(params, source="the benchmark grid")
 
 
 def run_study(replay: Replay, seed: int, n_trials: int, *, first_moves: bool = True) -> list[Point]:
@@ -217,7 +207,7 @@ class Run(BaseModel):
 
     @classmethod
     def of(cls, points: Sequence[Point], *, count_baseline: bool = True,
-           truth: dict[tuple[int, int], float] | None = None) -> Run:
+           truth: dict[Key, float] | None = None) -> Run:
         """`points`: the launches in order. The best after each is what the search would pick
         (its best launch so far, the first on ties) judged by `truth` (a pooled table's median
         per config; default: the launch's own score). `count_baseline=False`: the baseline's
@@ -342,7 +332,8 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
             f"{judged_otherwise['seeds_within']}/{len(seeds)} seeds within {COST_GOAL:.0%}")
     base = table.baseline_point()
     return {
-        "scheduler_classes": [c.model_dump() for c in classes],
+        # Only fp8 classes name their weights: a table without fp8 replays to the same JSON as before.
+        "scheduler_classes": [c.model_dump(exclude_none=True) for c in classes],
         "judged_as_one": as_one,
         "done_when_judged_otherwise": judged_otherwise,
         "least_share_baseline_first": least_share_baseline_first(table, grid_best, grid_cost),
@@ -351,7 +342,9 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
         "settings": table.settings,
         "grid": {"points": len(grid), "feasible_points": len(feasible), "best_score": grid_best,
                  "best_point": best_point.label, "cost_s": grid_cost,
-                 "baseline_in_grid": base is not None and base.key in {p.key for p in grid}},
+                 "baseline_in_grid": base is not None and base.key in {p.key for p in grid},
+                 # Only a grid that measured fp8: the done-when is against the best of either.
+                 **({"best_by_quantization": best_by_quantization(feasible)} if table.has_fp8() else {})},
         "baseline": None if base is None else base.model_dump(),
         "conditions": conditions(table),
         "table": [p.model_dump() for p in table.points],
@@ -359,6 +352,17 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
         "done_when": done_when(results[ours]),
         "strategies": results,
     }
+
+
+def best_by_quantization(feasible: Sequence[Point]) -> dict[str, dict[str, Any] | None]:
+    """The best feasible point without fp8 ("none") and with it ("fp8"): its label and score
+    (req/s); None where no point of that kind met the SLOs."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for name, quantization in (("none", None), ("fp8", "fp8")):
+        kind = [p for p in feasible if p.quantization == quantization]
+        best = max(kind, key=lambda p: p.score) if kind else None
+        out[name] = None if best is None else {"point": best.label, "score": best.score}
+    return out
 
 
 def least_share_baseline_first(table: Table, grid_best: float, grid_cost: float) -> float | None:

@@ -5,12 +5,13 @@ with the markdown report of each grid."""
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 from typing import Any
 
 from benchmarks.benchlib import Goal, Recorder, fmt, md_table, say
 from benchmarks.search_replay import COST_GOAL, DONE_TARGET, SEARCH_ONLY, TARGETS, replay_table
-from benchmarks.search_table import load_table, relative_dir
+from benchmarks.search_table import QUANTIZATION_AXIS, grid_quantizations, load_table, relative_dir
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -151,14 +152,15 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
                 f"kept and replayed for comparison (vLLM's defaults are already 0.97x of its best, and "
                 f"the first moves need a ladder).", "",
                 "Goodput req/s (* = misses an SLO or failed; cost s):", ""]
-        points = {(p["effective"]["max_num_seqs"], p["effective"]["max_num_batched_tokens"]): p
+        points = {(p["effective"]["max_num_seqs"], p["effective"]["max_num_batched_tokens"], p.get("quantization")): p
                   for p in grid["table"]}
         batched = sorted(settings["grid"]["max_num_batched_tokens"])
         rows = []
-        for s in sorted(settings["grid"]["max_num_seqs"]):
-            row = [f"max_num_seqs {s}"]
+        # A grid with a quantization axis: the fp8 rows under those with vLLM's default weights.
+        for q, s in itertools.product(grid_quantizations(settings["grid"]), sorted(settings["grid"]["max_num_seqs"])):
+            row = [f"max_num_seqs {s}" + (f", {q}" if q else "")]
             for b in batched:
-                p = points.get((s, b))
+                p = points.get((s, b, q))
                 row.append("-" if p is None else cell(p))
             rows.append(row)
         lines += md_table(["", *[f"batched {b}" for b in batched]], rows)
@@ -172,8 +174,11 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
         ties = [p["label"] for p in grid["table"] if p["feasible"] and p["score"] >= g["best_score"]]
         lines += ["", f"Grid: {g['points']} points, {g['feasible_points']} feasible, best {g['best_score']:.3g} "
                       f"req/s ({', '.join(ties)}), cost {g['cost_s']:.0f} s ({g['cost_s'] / 60:.1f} min)."]
+        if "best_by_quantization" in g:
+            lines += ["", quantization_bests(g["best_by_quantization"], g["best_score"])]
         for group in grid.get("scheduler_classes") or []:
-            lines += ["", f"**One scheduler config:** {', '.join(group['labels'])} (batched {group['batched']}): in "
+            weights = f", {group['quantization']}" if group.get("quantization") else ""
+            lines += ["", f"**One scheduler config:** {', '.join(group['labels'])} (batched {group['batched']}{weights}): in "
                           f"every ladder step of their {group['launches']} launches at most half of the point's own "
                           f"cap ran at once (the most: {group['peak_running']:g}; the smallest cap "
                           f"{group['smallest_cap']}), nothing was preempted and the KV cache stayed under 90%; "
@@ -258,10 +263,27 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
     return "\n".join(lines)
 
 
-def axes(grid: dict[str, list[int]]) -> str:
-    """A grid's axes as the report names them: max_num_seqs 512-1024 x batched 1024-8192."""
-    return " x ".join(f"{'batched' if k == 'max_num_batched_tokens' else k} {min(v)}-{max(v)}"
+def axes(grid: dict[str, list[Any]]) -> str:
+    """A grid's axes as the report names them: max_num_seqs 512-1024 x batched 1024-8192
+    (x quantization none, fp8)."""
+    return " x ".join(f"{k} {', '.join(v)}" if k == QUANTIZATION_AXIS else
+                      f"{'batched' if k == 'max_num_batched_tokens' else k} {min(v)}-{max(v)}"
                       for k, v in grid.items())
+
+
+def quantization_bests(bests: dict[str, Any], grid_best: float) -> str:
+    """The summary line of a grid with fp8 points: its best without fp8 and with it."""
+    def best(entry: dict[str, Any] | None) -> str:
+        if entry is None:
+            return "no point met the SLOs"
+        return f"**{entry['score']:.3g} req/s** ({entry['point']}, {entry['score'] / grid_best:.2f}x the grid's best)"
+
+    without, with_fp8 = bests["none"], bests["fp8"]
+    ratio = (f"; fp8's best is {with_fp8['score'] / without['score']:.2f}x the best without"
+             if without and with_fp8 and without["score"] > 0 else "")
+    return (f"Grid's best without fp8 (vLLM's default weights): {best(without)}; with fp8 weights "
+            f"(`quantization: fp8`, changes numerics): {best(with_fp8)}{ratio}. The done-when is judged "
+            "against the grid's overall best.")
 
 
 def cell(point: dict[str, Any]) -> str:

@@ -12,9 +12,38 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from benchmarks.benchlib import DATA, ROOT, spread
+
+QUANTIZATIONS = ("none", "fp8")  # the grid's quantization axis: "none" is vLLM's default weights
+QUANTIZATION_AXIS = "quantization"
+# A point's key: (max_num_seqs, max_num_batched_tokens) at vLLM's default weights, as every table
+# measured before the quantization axis keys its points; (seqs, batched, "fp8") with fp8 weights.
+Key = tuple[int, int] | tuple[int, int, str]
+
+
+def point_key(seqs: int, batched: int, quantization: str | None = None) -> Key:
+    """A point's key; `quantization` None (or "none") is vLLM's default."""
+    return (seqs, batched) if quantization in (None, "none") else (seqs, batched, str(quantization))
+
+
+def point_label(seqs: int, batched: int, quantization: str | None = None) -> str:
+    """A grid point's label: s256-b1024, and s256-b1024-fp8 with fp8 weights."""
+    return f"s{seqs}-b{batched}" + ("" if quantization in (None, "none") else f"-{quantization}")
+
+
+def grid_quantizations(grid: dict[str, Any]) -> list[str | None]:
+    """The grid's quantization axis as engine values (None: vLLM's default), none first; a grid
+    that does not record the axis measured vLLM's default weights only."""
+    values = grid.get(QUANTIZATION_AXIS, ["none"])
+    return [None if q == "none" else q for q in QUANTIZATIONS if q in values]
 
 
 class Point(BaseModel):
@@ -52,10 +81,21 @@ class Point(BaseModel):
     # A pooled point (a table with repeats.json): every launch of this config, the table's own
     # first; `score` is then their median (a failed launch counts 0), `wall_s` their mean cost.
     launches: list[Point] = []
+    quantization: str | None = None  # the `quantization` engine argument; None: vLLM's default
+
+    @model_serializer(mode="wrap")
+    def _leave_out_default_weights(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A point at vLLM's default weights is written as before the axis existed: a table
+        # measured without fp8 has the same shape whenever it was measured.
+        data = handler(self)
+        if data.get("quantization") is None:
+            data.pop("quantization", None)
+        return data
 
     @property
-    def key(self) -> tuple[int, int]:
-        return int(self.effective["max_num_seqs"]), int(self.effective["max_num_batched_tokens"])
+    def key(self) -> Key:
+        return point_key(int(self.effective["max_num_seqs"]), int(self.effective["max_num_batched_tokens"]),
+                         self.quantization)
 
     def outcome_path(self) -> Path:
         folder = Path(self.trial_dir)
@@ -70,14 +110,17 @@ class Table(BaseModel):
     def objective(self) -> str:
         return str(self.settings.get("objective", "goodput"))
 
-    def by_key(self) -> dict[tuple[int, int], Point]:
+    def by_key(self) -> dict[Key, Point]:
         return {p.key: p for p in self.points}
 
-    def grid_keys(self) -> list[tuple[int, int]]:
-        """Every grid point, in auto_tune.sh's order: max_num_seqs outer, batched tokens inner."""
+    def grid_keys(self) -> list[Key]:
+        """Every grid point, in auto_tune.sh's order: max_num_seqs outer, batched tokens inner;
+        with a quantization axis, every point at vLLM's default weights, then every fp8 point
+        (one more loop around the two)."""
         grid = self.settings["grid"]
-        return [(s, b) for s, b in itertools.product(sorted(grid["max_num_seqs"]),
-                                                     sorted(grid["max_num_batched_tokens"]))
+        return [point_key(s, b, q) for q, s, b in itertools.product(grid_quantizations(grid),
+                                                                    sorted(grid["max_num_seqs"]),
+                                                                    sorted(grid["max_num_batched_tokens"]))
                 if launchable(s, b)]
 
     def grid_points(self) -> list[Point]:
@@ -88,7 +131,23 @@ class Table(BaseModel):
     def baseline_point(self) -> Point | None:
         return next((p for p in self.points if p.baseline), None)
 
-    def missing(self) -> list[tuple[int, int]]:
+    def has_fp8(self) -> bool:
+        """Whether the grid measured fp8 weights (its quantization axis)."""
+        return "fp8" in grid_quantizations(self.settings["grid"])
+
+    def lookup(self, engine: dict[str, Any], defaults: dict[str, Any]) -> Point:
+        """The point a config's engine arguments land on (vLLM's `defaults` for a knob left
+        unset); KeyError naming it when the table has none."""
+        seqs = int(engine.get("max_num_seqs") or defaults["max_num_seqs"])
+        batched = int(engine.get("max_num_batched_tokens") or defaults["max_num_batched_tokens"])
+        quantization = engine.get("quantization")
+        point = self.by_key().get(point_key(seqs, batched, quantization))
+        if point is None:
+            raise KeyError(f"the table has no point max_num_seqs={seqs}, max_num_batched_tokens={batched}"
+                           + (f", quantization={quantization}" if quantization else "") + "; measure it first")
+        return point
+
+    def missing(self) -> list[Key]:
         points = self.by_key()
         return [key for key in self.grid_keys() if key not in points]
 
@@ -166,7 +225,7 @@ def pooled(table: Table, repeats: Sequence[Table]) -> Table:
     it is: each point is its one launch."""
     if not repeats:
         return table
-    launches: dict[tuple[int, int], list[Point]] = {p.key: [p] for p in table.points}
+    launches: dict[Key, list[Point]] = {p.key: [p] for p in table.points}
     for other in repeats:
         for point in other.points:
             launches[point.key].append(point)
@@ -180,11 +239,26 @@ def pooled(table: Table, repeats: Sequence[Table]) -> Table:
     return table.model_copy(update={"points": points})
 
 
+def draw(point: Point, rng: np.random.Generator) -> Point:
+    """One launch of a config: a pooled point's launches at random, else the point itself. A
+    launch recorded for another point of its scheduler config answers as this point's."""
+    if not point.launches:
+        return point
+    launch = point.launches[int(rng.integers(len(point.launches)))]
+    if launch.key == point.key:
+        return launch
+    return launch.model_copy(update={"label": point.label, "max_num_seqs": point.max_num_seqs,
+                                     "max_num_batched_tokens": point.max_num_batched_tokens,
+                                     "quantization": point.quantization,
+                                     "effective": point.effective, "baseline": point.baseline})
+
+
 class SchedulerClass(BaseModel):
     """Grid points judged as one scheduler config (`one_scheduler_config`)."""
 
     labels: list[str]
     batched: int
+    quantization: str | None = None  # the weights they ran with (None: vLLM's default)
     smallest_cap: int
     peak_running: float  # the most requests any ladder step of any of their launches ran at once
     launches: int
@@ -226,23 +300,26 @@ def one_scheduler_config(table: Table) -> tuple[Table, list[SchedulerClass]]:
     capture list (batches up to twice it, at most 512) and the memory profile; the decode batches
     of such points (at most half the smallest cap) are captured under every cap, and the KV cache
     never filled. Points whose launches lack their ladders are left as they are."""
-    groups: dict[int, list[Point]] = {}
-    peaks: dict[tuple[int, int], float] = {}
+    # By batched budget and weights: fp8 weights are another model's numerics, never one config
+    # with vLLM's default weights.
+    groups: dict[tuple[int, str], list[Point]] = {}
+    peaks: dict[Key, float] = {}
     for point in table.points:
         ladders = [launch_capacity(run) for run in (point.launches or [point])]
         if not point.feasible or any(ladder is None or not cap_idle(ladder, point.key[0]) for ladder in ladders):
             continue
         peaks[point.key] = max(s.server.num_running_max for ladder in ladders for s in [*ladder.steps, *ladder.unscored])
-        groups.setdefault(point.key[1], []).append(point)
+        groups.setdefault((point.key[1], point.quantization or ""), []).append(point)
     classes: list[SchedulerClass] = []
-    merged: dict[tuple[int, int], Point] = {}
-    for batched, members in sorted(groups.items()):
+    merged: dict[Key, Point] = {}
+    for (batched, quantization), members in sorted(groups.items()):
         if len(members) < 2:
             continue
         runs = [run for point in members for run in (point.launches or [point])]
         score = float(np.median([run.score if run.feasible else 0.0 for run in runs]))
         classes.append(SchedulerClass(
-            labels=[p.label for p in members], batched=batched, smallest_cap=min(p.key[0] for p in members),
+            labels=[p.label for p in members], batched=batched, quantization=quantization or None,
+            smallest_cap=min(p.key[0] for p in members),
             peak_running=max(peaks[p.key] for p in members), launches=len(runs), score=score))
         for point in members:
             merged[point.key] = point.model_copy(update={"score": score, "feasible": score > 0, "launches": runs})
@@ -251,8 +328,11 @@ def one_scheduler_config(table: Table) -> tuple[Table, list[SchedulerClass]]:
 
 
 def check_powers_of_two(settings: dict[str, Any]) -> None:
-    """The replay's space is every power of two between a knob's lowest and highest value."""
+    """The replay's space is every power of two between a knob's lowest and highest value (the
+    quantization axis is a set of choices: QUANTIZATIONS)."""
     for name, values in settings["grid"].items():
+        if name == QUANTIZATION_AXIS:
+            continue
         low, high = min(values), max(values)
         powers = [2**k for k in range(int(math.log2(low)), int(math.log2(high)) + 1)]
         if sorted(values) != powers:

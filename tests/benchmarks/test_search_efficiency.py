@@ -14,7 +14,7 @@ import pytest
 
 from autotune.measure.ladder import CapacityResult, LadderSettings
 from autotune.measure.scraper import ServerMetrics
-from benchmarks import search_measure, search_replay, search_report, search_table
+from benchmarks import search_efficiency, search_measure, search_replay, search_report, search_table
 from tests.factories import ladder_step, trial_outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,8 +185,8 @@ def test_a_grid_with_a_gap_in_its_powers_of_two_is_refused() -> None:
 
 def test_the_baseline_is_measured_first_and_once() -> None:
     order = search_measure.measurement_order([4, 8], [512, 1024], (8, 1024), order_seed=0)
-    assert order[0] == ("baseline", None, None)
-    assert sorted(label for label, _, _ in order[1:]) == ["s4-b1024", "s4-b512", "s8-b512"]
+    assert order[0] == ("baseline", None, None, None)
+    assert sorted(label for label, *_ in order[1:]) == ["s4-b1024", "s4-b512", "s8-b512"]
 
 
 def test_the_committed_goodput_table_still_loads_complete() -> None:
@@ -198,11 +198,11 @@ def test_the_committed_goodput_table_still_loads_complete() -> None:
 
 
 def test_a_grid_axis_is_powers_of_two_and_anything_else_is_named() -> None:
-    assert search_measure.powers_list("512,1024,2048") == (512, 1024, 2048)
+    assert search_efficiency.powers_list("512,1024,2048") == (512, 1024, 2048)
     with pytest.raises(Exception, match="24 is not a power of two"):
-        search_measure.powers_list("16,24")
+        search_efficiency.powers_list("16,24")
     with pytest.raises(Exception, match="comma-separated integers"):
-        search_measure.powers_list("16;32")
+        search_efficiency.powers_list("16;32")
 
 
 def test_a_trace_outside_the_repository_is_recorded_by_its_full_path(tmp_path: Path) -> None:
@@ -216,7 +216,7 @@ def test_a_grid_leaves_out_the_points_vllm_would_refuse() -> None:
     # 1024 sequences with a 512-token step budget: vLLM refuses to start such an engine, and
     # `autotune run` never launches it; the grid must neither measure it nor wait for it.
     order = search_measure.measurement_order([512, 1024], [512, 1024], (1024, 1024), order_seed=0)
-    assert sorted(label for label, _, _ in order[1:]) == ["s512-b1024", "s512-b512"]
+    assert sorted(label for label, *_ in order[1:]) == ["s512-b1024", "s512-b512"]
     table = search_table.Table(settings={"grid": {"max_num_seqs": [512, 1024], "max_num_batched_tokens": [512, 1024]}})
     assert (1024, 512) not in table.grid_keys() and len(table.grid_keys()) == 3
 
@@ -225,18 +225,18 @@ def test_shards_split_the_points_after_the_baseline_without_overlap() -> None:
     order = search_measure.measurement_order([128, 256, 512, 1024], [512, 1024, 2048, 4096, 8192], (1024, 8192),
                                              order_seed=0)
     shards = [search_measure.shard_points(order, (k, 4)) for k in range(4)]
-    labels = [label for shard in shards for label, _, _ in shard]
-    assert sorted(labels) == sorted(label for label, _, _ in order[1:])  # each point once
+    labels = [label for shard in shards for label, *_ in shard]
+    assert sorted(labels) == sorted(label for label, *_ in order[1:])  # each point once
     assert "baseline" not in labels
     assert [len(shard) for shard in shards] == [5, 5, 4, 4]
     assert search_measure.shard_points(order, (0, 1)) == order  # one process: the baseline first, then all
 
 
 def test_a_shard_is_written_k_slash_n_and_anything_else_is_named() -> None:
-    assert search_measure.parse_shard("2/4") == (2, 4)
+    assert search_efficiency.parse_shard("2/4") == (2, 4)
     for text, message in (("4/4", "0 <= K < N"), ("1", "expected K/N"), ("a/4", "expected K/N")):
         with pytest.raises(Exception, match=message):
-            search_measure.parse_shard(text)
+            search_efficiency.parse_shard(text)
 
 
 def test_shards_storing_points_at_once_lose_none(table, tmp_path) -> None:
