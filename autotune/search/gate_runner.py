@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import EnvironmentFailure
 from autotune.measure.ladder import recorded_rate
+from autotune.progress import format_duration
 from autotune.search.gate import (
     BASELINE,
     GateDecision,
@@ -255,8 +256,14 @@ class GateRunner:
                     status += "; " + on_gpus(evaluation.capacity_rps or 0.0, evaluation.devices)
             if self.inputs.objective.kind == "min-memory":
                 status = memory_status(evaluation, self.inputs.objective)
+            # The gate's own runs say what one costs: the search's trials climbed whole ladders
+            # from 1x, a gate run starts at the config's capacity (on the H200 fp8 run of
+            # results/h200-2026-12-02-fp8: trials 115-193 s, gate runs 66-81 s).
+            walls = [m.wall_s or 0.0 for m in measurements[len(done):]]
+            left = len(order) - index
+            eta = f"ETA {format_duration(left * sum(walls) / len(walls))}  " if left and walls else ""
             self.say(
-                f"gate {index}/{len(order)}  repeat {repeat + 1}  {name}: "
+                f"gate {index}/{len(order)}  repeat {repeat + 1}  {eta}{name}: "
                 f"{self.inputs.objective.format_score(evaluation.score)}, {status}"
             )
         searched = [m for m in measurements if m.candidate not in self.inputs.comparisons]

@@ -128,3 +128,26 @@ def test_gpu_seconds_reaches_the_study_and_lifts_the_default_trial_count(
     assert main(["run", "--workload", SAMPLE, "--output-dir", str(tmp_path)]) == 2
     assert seen["gpu_seconds"] is None and seen["trials"] == DEFAULT_TRIALS
     capsys.readouterr()
+
+
+def test_each_gate_line_says_when_the_gate_ends_from_its_own_runs(tmp_path: Path) -> None:
+    """A gate run costs what the gate's runs cost, not what a search trial did (the H200 fp8
+    run's trials took 115-193 s, its gate runs 66-81 s): 2 configs x 2 repeats at TRIAL_S each."""
+    clock = Clock()
+    runner = TimedRunner(clock)
+    lines: list[str] = []
+    slos = default_slos("cpu")
+    window = Trace.from_requests(
+        [TraceRequest(timestamp=i * 500.0, input_length=50, output_length=20) for i in range(20)])
+    study = TuningStudy(
+        options=StudyOptions(study_name="gate-eta", output_dir=tmp_path, n_trials=2, top_k=1, repeats=2,
+                             prune=False, storage=optuna.storages.InMemoryStorage()),
+        inputs=SearchInputs(space=SearchSpace.default("cpu"), objective=parse_objective("goodput", slos),
+                            slos=slos, baseline=ServerConfig(engine={"model": "/models/tiny"}),
+                            baseline_source="vLLM defaults", tuning_window=window, holdout_window=window,
+                            effective_defaults=EFFECTIVE),
+        runner=runner, say=lines.append, clock=clock)
+    study.validate(study.run_search())
+    gate = [line for line in lines if line.startswith("gate ") and "/4  repeat" in line]
+    assert [line.split("  ")[2] if "ETA" in line else None for line in gate] == [
+        "ETA 30s", "ETA 20s", "ETA 10s", None]  # 3, 2, 1 runs left at 10 s each; none after the last
