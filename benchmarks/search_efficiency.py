@@ -19,6 +19,10 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
    - A measured table takes a larger grid (`--seqs`/`--batched` keeping every value it had,
      every other setting the same): its points are kept, the missing ones measured, and the
      report says the table was measured in parts (settings.extended).
+   - `--quantization none,fp8` (capacity; issue 59): every scheduler point also with fp8 weights
+     (`quantization: fp8`, as `autotune run --allow fp8`; labels s256-b1024-fp8). The baseline
+     stays vLLM's defaults; the replay then searches `quantization` too, and the report gives the
+     grid's best without and with fp8. The default, none, measures the tables measured before.
    - `--objective goodput`: the older table (benchmarks/data/search_grid): one timed replay
      of a 15 s window per point, goodput under the default CPU SLOs.
 2. `replay`: the strategies are run over each measured table for 20 seeds; a trial is answered

@@ -161,6 +161,7 @@ def run_flags(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def measure_capacity(args: argparse.Namespace) -> int:
+    from autotune.errors import AutotuneError
     from autotune.measure.ladder import recorded_rate
     from autotune.measure.limits import limiting_slo
     from autotune.pipeline import build_runner
@@ -180,7 +181,11 @@ def measure_capacity(args: argparse.Namespace) -> int:
         flags["allow"] = sorted({*flags.get("allow", []), "fp8"})
     request = TuningRequest(**{**flags, "workload": str(args.trace),
                                "study_name": "search-grid", "output_dir": table_dir})
-    plan = prepare_plan(request)
+    try:
+        plan = prepare_plan(request)
+    except AutotuneError as error:  # e.g. fp8 on a CPU: refused in one line, before any engine starts
+        flag = " --quantization fp8 (as autotune run --allow fp8)" if "fp8" in args.quantization else ""
+        raise SystemExit(f"measure{flag}: {error}") from None
     tuning, slos, ladder, baseline = plan.tuning_window, plan.slos, plan.ladder, plan.baseline
     defaults = plan.effective_defaults
     window = plan.workload["tuning_window"]
