@@ -56,8 +56,8 @@ case "$piece" in
     printf '%q ' "${measure[@]}" > "$run/grid-command.txt"; echo >> "$run/grid-command.txt"
     { date -u +"grid start %FT%TZ"
       "${measure[@]}" --table "$run/grid" ${MAX_POINTS:+--max-points "$MAX_POINTS"}
-      for k in 1 2; do  # vLLM's defaults twice more: the table's noise
-        "${measure[@]}" --table "$run/grid-repeat-$k" --max-points 1
+      for k in 1 2; do  # vLLM's defaults twice more: the table's noise (once: a rerun would add a point)
+        [ -f "$run/grid-repeat-$k/table.json" ] || "${measure[@]}" --table "$run/grid-repeat-$k" --max-points 1
       done
       printf '{"tables": ["../grid-repeat-1", "../grid-repeat-2"], "note": "vLLM defaults measured again on the same host, same traffic"}\n' > "$run/grid/repeats.json"
       date -u +"grid end %FT%TZ"; } >> "$run/grid.log" 2>&1 ;;
