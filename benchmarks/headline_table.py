@@ -100,7 +100,7 @@ def point_score(point: Point) -> list[float]:
 
 def describe_point(point: Point) -> str:
     seqs, batched = point.effective.get("max_num_seqs"), point.effective.get("max_num_batched_tokens")
-    quantization = getattr(point, "quantization", None)
+    quantization = point.quantization
     return f"max_num_seqs={seqs}, max_num_batched_tokens={batched}" + (
         f", quantization={quantization}" if quantization else "")
 
@@ -109,7 +109,7 @@ def grid_best(table: Table, *, fp8: bool | None) -> Point | None:
     """The grid's best point on the tuning window: among points without fp8 (fp8=False), with
     fp8 only (True), or all (None)."""
     points = [p for p in table.points
-              if fp8 is None or (getattr(p, "quantization", None) == "fp8") == fp8]
+              if fp8 is None or (p.quantization == "fp8") == fp8]
     return max(points, key=lambda p: p.score, default=None)
 
 
