@@ -48,3 +48,14 @@ def test_the_fp8_run_reads_1_67x_the_defaults(tmp_path: Path) -> None:
 def test_a_run_without_its_gate_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"best.yaml: not found \(the run has not finished its gate\)"):
         main(["--tuned", str(tmp_path)])
+
+
+def test_a_grid_with_fp8_points_gives_its_best_without_and_with_fp8(tmp_path: Path) -> None:
+    from tests.benchmarks.test_search_quantization import write_table
+
+    grid = write_table(tmp_path / "grid")
+    table = rows(tmp_path, "--grid", str(grid))
+    assert round(table["grid's best without fp8"]["tuning"][0], 1) == 24.0
+    assert round(table["grid's best with fp8"]["tuning"][0], 1) == 36.2
+    assert table["grid's best with fp8"]["what"].endswith("max_num_batched_tokens=1024, quantization=fp8")
+    assert table["grid's best with fp8"]["gpu_s"] == pytest.approx(16 * 60.0)  # every point's launch
