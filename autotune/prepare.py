@@ -1,7 +1,9 @@
 """A `TuningRequest` checked and turned into a `TuningPlan`, before any server starts.
 
 The pre-flight checks (autotune.preflight) come first and write nothing: a trace the model
-cannot serve, or windows too short for the SLO percentiles, cost seconds.
+cannot serve, or windows too short for the SLO percentiles, cost seconds. The module runs a
+little over 400 lines because `prepare_plan` keeps the checks in one order, cheapest first, so
+that it reads top to bottom as the order a user's mistakes are caught in.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from autotune.plan import TuningPlan
 from autotune.progress import say
 from autotune.redact import redact
 from autotune.request import TuningRequest
-from autotune.search.numerics import check_supported, numerics_params
+from autotune.search.numerics import check_fp8_sources, check_supported, numerics_params
 from autotune.search.objective import MEMORY_KNOB, Objective, default_slos, parse_objective
 from autotune.search.relations import BUILTIN_RELATIONS, parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
@@ -69,6 +71,9 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     baseline, baseline_source = load_baseline(request)
     accelerator = detect_accelerator()
     check_supported(request.allow, accelerator)  # --allow fp8 on a CPU or an older GPU: refused now
+    # FP8 asked for in a file (a deployed fp8 config, a space naming it): the same hardware rule.
+    check_fp8_sources({f"--baseline {request.baseline}": baseline.engine} if request.baseline else {},
+                      {}, "", accelerator)
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
@@ -108,7 +113,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     if request.space is not None:
         # A bad space file is refused before vLLM is asked anything (that takes seconds); it is
         # read again below, with the baseline's resolved values.
-        SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)
+        early_space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)
+        check_fp8_sources({}, early_space.params, f"--space {request.space}", accelerator)
     # The built-in ranges contain what the baseline resolves to (1024 sequences on an H200).
     # Checked as a searched config is (vLLM's checks, the relations) before any server starts.
     effective = effective if effective is not None else check_deployable(baseline, baseline_source)
@@ -128,6 +134,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     comparisons = {}
     for path in request.compare:
         comparison = apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
+        check_fp8_sources({f"--compare {path}": comparison.engine}, {}, "", accelerator)
         check_deployable(comparison, str(path))
         comparisons[f"compare-{path.stem}"] = comparison
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))

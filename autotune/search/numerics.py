@@ -48,25 +48,64 @@ def check_supported(
 ) -> None:
     """Refuse `--allow fp8` (AutotuneError, one line) on a CPU or a GPU older than compute
     capability 8.9; nothing to check without it. `capability` is asked only on a GPU."""
-    if "fp8" not in allow:
-        return
+    if "fp8" in allow:
+        check_fp8_hardware("--allow fp8", "drop --allow fp8", accelerator, capability)
+
+
+def check_fp8_hardware(
+    what: str,
+    fix: str,
+    accelerator: str,
+    capability: Callable[[], tuple[int, int] | None] = device_capability,
+) -> None:
+    """Refuse FP8 (`what`: where the user asked for it, e.g. "--allow fp8" or "--space s.yaml:
+    quantization fp8"; `fix`: what to change) in one line on a CPU or a GPU older than compute
+    capability 8.9 (FP8_MIN_CAPABILITY): vLLM would fail at load, after seconds to minutes."""
     need = f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}"
     if accelerator != "gpu":
         raise AutotuneError(
-            f"--allow fp8: FP8 needs a GPU of compute capability {need} or newer (Ada, Hopper, "
-            f"Blackwell); vLLM runs on the CPU here; drop --allow fp8"
+            f"{what}: FP8 needs a GPU of compute capability {need} or newer (Ada, Hopper, "
+            f"Blackwell); vLLM runs on the CPU here; {fix}"
         )
     found = capability()
     if found is None:
         raise AutotuneError(
-            f"--allow fp8: cannot read this GPU's compute capability (vLLM's platform); FP8 "
-            f"needs {need} or newer; drop --allow fp8"
+            f"{what}: cannot read this GPU's compute capability (vLLM's platform); FP8 "
+            f"needs {need} or newer; {fix}"
         )
     if found < FP8_MIN_CAPABILITY:
         raise AutotuneError(
-            f"--allow fp8: this GPU has compute capability {found[0]}.{found[1]}; FP8 needs "
-            f"{need} or newer (Ada, Hopper, Blackwell); drop --allow fp8"
+            f"{what}: this GPU has compute capability {found[0]}.{found[1]}; FP8 needs "
+            f"{need} or newer (Ada, Hopper, Blackwell); {fix}"
         )
+
+
+def is_fp8(value: Any) -> bool:
+    """vLLM's FP8 spellings: quantization `fp8`, kv_cache_dtype `fp8`, `fp8_e4m3`, `fp8_e5m2`."""
+    return isinstance(value, str) and value.lower().startswith("fp8")
+
+
+def check_fp8_sources(
+    configs: Mapping[str, Mapping[str, Any]],
+    space: Mapping[str, ParamSpec],
+    space_source: str,
+    accelerator: str,
+    capability: Callable[[], tuple[int, int] | None] = device_capability,
+) -> None:
+    """Refuse FP8 asked for without `--allow` where the hardware has none: a config file
+    (`configs`: where -> engine arguments, e.g. the --baseline and --compare files) that sets a
+    numerics knob to FP8, or a space file whose choices for one hold FP8. One line naming the
+    file, the knob and the fix (AutotuneError)."""
+    for where, engine in configs.items():
+        for name in NUMERICS_KNOBS:
+            if is_fp8(engine.get(name)):
+                check_fp8_hardware(f"{where}: {name}: {engine[name]}", f"remove {name} from {where}",
+                                   accelerator, capability)
+    for name in NUMERICS_KNOBS:
+        param = space.get(name)
+        if param is not None and any(is_fp8(choice) for choice in param.choices or []):
+            check_fp8_hardware(f"{space_source}: {name} may be fp8", f"take fp8 out of {name}'s choices",
+                               accelerator, capability)
 
 
 def numerics_params(allow: Sequence[str], baseline: Mapping[str, Any]) -> dict[str, ParamSpec]:

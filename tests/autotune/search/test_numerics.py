@@ -131,3 +131,24 @@ def test_best_yaml_says_the_config_changes_numerics_and_names_the_alternative() 
     assert "without such knobs: trial-0002 max_num_batched_tokens=1024, gate median 22.3" in header
     del provenance["numerics"]
     assert "NUMERICS" not in header_text(provenance)
+
+
+@pytest.mark.parametrize("flag, text, refused", [
+    ("--space", "params:\n  quantization: {type: categorical, choices: [null, fp8]}\n",
+     "quantization may be fp8: FP8 needs a GPU of compute capability 8.9 or newer"),
+    ("--space", "params:\n  kv_cache_dtype: {type: categorical, choices: [auto, fp8_e4m3]}\n",
+     "kv_cache_dtype may be fp8: FP8 needs a GPU"),
+    ("--baseline", "max-num-seqs: 8\nquantization: fp8\n", "quantization: fp8: FP8 needs a GPU"),
+    ("--compare", "kv-cache-dtype: fp8\n", "kv_cache_dtype: fp8: FP8 needs a GPU"),
+])
+def test_fp8_in_a_file_is_refused_on_cpu_as_the_opt_in_is(flag: str, text: str, refused: str,
+                                                           tmp_path: Path, capsys) -> None:
+    """Without --allow, FP8 can still come from a file: a deployed fp8 config as the baseline or
+    a comparison, a space file listing it. vLLM would fail at load on this CPU: refused first."""
+    path = tmp_path / "given.yaml"
+    path.write_text(text)
+    code = main(["run", "--workload", SAMPLE, flag, str(path), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith(f"autotune: error: {flag} {path}") and refused in err
+    assert not (tmp_path / "out" / "trials").exists()
