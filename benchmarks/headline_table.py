@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
-from benchmarks.search_table import Point, Table, load_repeats, load_table, pooled  # noqa: E402
+from benchmarks.search_table import Point, Table, load_repeats, load_table, pooled, table_trace  # noqa: E402
+from workloads.profile import profile_trace  # noqa: E402
+from workloads.trace_io import load_trace  # noqa: E402
 
 HANDTUNED = "compare-handtuned"
 DEFAULTS = "vLLM's defaults"
@@ -59,6 +61,11 @@ class Row(BaseModel):
 class TunedRun(BaseModel):
     """What one `autotune run` output dir says (best.yaml's provenance)."""
 
+    source: str  # the best.yaml, for messages
+    fingerprint: str  # the trace's (workloads.profile)
+    slos: list[str]
+    tuning_start_s: float
+    allow_fp8: bool  # run with --allow fp8
     emitted: str
     overrides: dict[str, Any]
     measurements: list[dict[str, Any]]
@@ -72,24 +79,84 @@ class TunedRun(BaseModel):
 
 
 def read_run(out_dir: Path) -> TunedRun:
-    """The run's provenance; SystemExit naming the file when it is not a finished run's."""
+    """The run's provenance; SystemExit (one line naming the file) when out_dir is not a
+    finished `autotune run` output dir."""
     path = out_dir / "best.yaml"
+    if not out_dir.is_dir():
+        raise SystemExit(f"{out_dir}: no such folder (give an `autotune run --output-dir`)")
     if not path.is_file():
-        raise SystemExit(f"{path}: not found (the run has not finished its gate)")
-    provenance = yaml.safe_load(path.read_text())["additional-config"]["vllm_autotune"]["provenance"]
-    decision = provenance["decision"]
-    emitted = decision["emitted"]
-    trial = "trial-0000" if emitted == "baseline" else emitted
-    outcome = out_dir / "trials" / trial / "outcome.json"
-    capacity = json.loads(outcome.read_text()).get("capacity") if outcome.is_file() else None
-    return TunedRun(
-        emitted=emitted,
-        overrides={k: v for k, v in (decision.get("overrides") or {}).items() if v is not None},
-        measurements=provenance["validation"],
-        search_wall_s=provenance["study"]["search_wall_s"],
-        gate_wall_s=provenance["study"]["validation_wall_s"],
-        tuning_capacity=(capacity or {}).get("capacity_rps"),
-    )
+        raise SystemExit(f"{path}: not found (not an `autotune run` output dir, or the run has "
+                         f"not finished its gate)")
+    try:
+        provenance = yaml.safe_load(path.read_text())["additional-config"]["vllm_autotune"]["provenance"]
+        decision, workload = provenance["decision"], provenance["workload"]
+        emitted = decision["emitted"]
+        trial = "trial-0000" if emitted == "baseline" else emitted
+        outcome = out_dir / "trials" / trial / "outcome.json"
+        capacity = json.loads(outcome.read_text()).get("capacity") if outcome.is_file() else None
+        return TunedRun(
+            source=str(path), fingerprint=workload["fingerprint"], slos=list(provenance["slos"]),
+            tuning_start_s=float(workload["tuning_window"]["start_s"]),
+            allow_fp8=any(flag in str(provenance["command_line"]) for flag in (" --allow fp8", " --allow=fp8")),
+            emitted=emitted,
+            overrides={k: v for k, v in (decision.get("overrides") or {}).items() if v is not None},
+            measurements=provenance["validation"],
+            search_wall_s=provenance["study"]["search_wall_s"],
+            gate_wall_s=provenance["study"]["validation_wall_s"],
+            tuning_capacity=(capacity or {}).get("capacity_rps"),
+        )
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SystemExit(f"{path}: not a finished run's best.yaml (not YAML{where}: "
+                         f"{getattr(error, 'problem', None) or 'unreadable'})") from None
+    except (KeyError, TypeError, ValueError, ValidationError) as error:
+        problem = " ".join(str(error).split())[:80]  # one line, whatever the exception held
+        raise SystemExit(f"{path}: not a finished run's best.yaml (its vllm_autotune provenance "
+                         f"lacks {problem}); give an `autotune run --output-dir`") from None
+
+
+def read_grid(folder: Path) -> tuple[Table, str]:
+    """The grid's table with its repeats pooled, and its trace's fingerprint; SystemExit (one
+    line naming the file) for a folder that holds no measured table."""
+    path = folder / "table.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: not found (give a `search_efficiency.py measure --table` folder)")
+    try:
+        table = load_table(folder)
+    except (ValueError, ValidationError) as error:
+        first = error.errors()[0] if isinstance(error, ValidationError) else {"loc": (), "msg": str(error)}
+        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
+    if not table.points:
+        raise SystemExit(f"{path}: no measured point yet (run measure first)")
+    trace = table_trace(table, folder)
+    return pooled(table, load_repeats(table, folder)), profile_trace(load_trace(trace)).fingerprint
+
+
+def check_one_scenario(grid: tuple[Table, str] | None, tuned: TunedRun | None, fp8: TunedRun | None) -> None:
+    """SystemExit (one line) where the inputs are not one scenario's: the runs and the grid
+    must share the trace, the SLOs and the tuning window; --tuned must be a default-space run
+    and --fp8 one with --allow fp8 (else the rows would be labelled wrongly)."""
+    if tuned is not None and tuned.allow_fp8:
+        raise SystemExit(f"--tuned {tuned.source}: that run used --allow fp8; give it as --fp8")
+    if fp8 is not None and not fp8.allow_fp8:
+        raise SystemExit(f"--fp8 {fp8.source}: that run did not use --allow fp8; give it as --tuned")
+    runs = [run for run in (tuned, fp8) if run is not None]
+    first = runs[0] if runs else None
+    for run in runs[1:]:
+        for what, mine, theirs in (("trace (fingerprint)", run.fingerprint, first.fingerprint),
+                                   ("SLOs", sorted(run.slos), sorted(first.slos))):
+            if mine != theirs:
+                raise SystemExit(f"{run.source}: another {what} than {first.source}: {mine} against {theirs}")
+    if grid is not None and first is not None:
+        table, fingerprint = grid
+        for what, mine, theirs in (
+            ("trace (fingerprint)", fingerprint, first.fingerprint),
+            ("SLOs", sorted(table.settings.get("slos", [])), sorted(first.slos)),
+            ("tuning window start (s)", float(table.settings.get("window_start_s", -1)), first.tuning_start_s),
+        ):
+            if mine != theirs:
+                raise SystemExit(f"--grid: measured with another {what} than {first.source}: {mine} against {theirs}")
 
 
 def point_score(point: Point) -> list[float]:
@@ -179,13 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.grid or args.tuned or args.fp8):
         parser.error("give at least one of --grid, --tuned, --fp8")
-    grid = None
-    if args.grid is not None:
-        if not (args.grid / "table.json").is_file():
-            raise SystemExit(f"{args.grid / 'table.json'}: not found")
-        table = load_table(args.grid)
-        grid = pooled(table, load_repeats(table, args.grid))
-    rows = build_rows(grid, read_run(args.tuned) if args.tuned else None, read_run(args.fp8) if args.fp8 else None)
+    if args.out is not None and (args.out.suffix != ".md" or args.out.is_dir()):
+        raise SystemExit(f"--out {args.out}: give a .md file to write (its .json twin goes beside it)")
+    grid = read_grid(args.grid) if args.grid is not None else None
+    tuned = read_run(args.tuned) if args.tuned else None
+    fp8 = read_run(args.fp8) if args.fp8 else None
+    check_one_scenario(grid, tuned, fp8)
+    rows = build_rows(grid[0] if grid else None, tuned, fp8)
     text = markdown(rows)
     if args.out is not None:
         write_text_atomic(args.out, text)

@@ -46,8 +46,46 @@ def test_the_fp8_run_reads_1_67x_the_defaults(tmp_path: Path) -> None:
 
 
 def test_a_run_without_its_gate_is_named(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=r"best.yaml: not found \(the run has not finished its gate\)"):
+    with pytest.raises(SystemExit, match=r"best.yaml: not found \(not an `autotune run` output dir, or the run "
+                                         r"has not finished its gate\)"):
         main(["--tuned", str(tmp_path)])
+
+
+def test_inputs_of_two_scenarios_or_swapped_runs_are_refused_in_one_line(tmp_path: Path) -> None:
+    """The long-prompt run and grid (Azure code lengths, TTFT 500 / TPOT 50 ms) and the fp8 run
+    (Azure conversation, 1000 / 25 ms) are two scenarios: one table of them would read 2.29x."""
+    with pytest.raises(SystemExit, match=r"fp8/study/best.yaml: another trace \(fingerprint\) than .*: "
+                                         r"deae9f9c83cee253 against ac6155dd891cedfa$"):
+        main(["--tuned", str(LONG_PROMPTS), "--fp8", str(FP8)])
+    with pytest.raises(SystemExit, match=r"^--grid: measured with another trace \(fingerprint\)"):
+        main(["--grid", str(LONG_PROMPTS_GRID), "--fp8", str(FP8)])
+    with pytest.raises(SystemExit, match=r"^--tuned .*: that run used --allow fp8; give it as --fp8$"):
+        main(["--tuned", str(FP8)])
+    with pytest.raises(SystemExit, match=r"^--fp8 .*: that run did not use --allow fp8; give it as --tuned$"):
+        main(["--fp8", str(LONG_PROMPTS)])
+
+
+@pytest.mark.parametrize("best_yaml", ["", "max-num-seqs: 16\n", "{not: [yaml\n"])
+def test_a_file_that_is_not_a_runs_best_yaml_is_named_in_one_line(best_yaml: str, tmp_path: Path) -> None:
+    (tmp_path / "best.yaml").write_text(best_yaml)
+    with pytest.raises(SystemExit, match=r"best.yaml: not a finished run's best.yaml") as refused:
+        main(["--tuned", str(tmp_path)])
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("table_json, says", [("", "file: Invalid JSON"), ("{}", "settings: Field required"),
+                                              ('{"settings": {"grid": {}}, "points": []}', "no measured point")])
+def test_a_grid_folder_without_a_measured_table_is_named_in_one_line(table_json: str, says: str,
+                                                                     tmp_path: Path) -> None:
+    (tmp_path / "table.json").write_text(table_json)
+    with pytest.raises(SystemExit, match=says):
+        main(["--grid", str(tmp_path)])
+
+
+def test_out_must_be_a_markdown_file(tmp_path: Path) -> None:
+    for out in (tmp_path, tmp_path / "table.json"):
+        with pytest.raises(SystemExit, match=r"give a .md file to write"):
+            main(["--tuned", str(LONG_PROMPTS), "--out", str(out)])
 
 
 def test_a_grid_with_fp8_points_gives_its_best_without_and_with_fp8(tmp_path: Path) -> None:
