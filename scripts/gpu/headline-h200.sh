@@ -27,8 +27,13 @@
 #   --grid RUN_DIR/grid --tuned RUN_DIR/tuned --fp8 RUN_DIR/fp8 --out RUN_DIR/table.md
 # Usage: headline-h200.sh SCENARIO PIECE KIT_DIR RUN_DIR   (env MAX_POINTS, TRIALS)
 set -euo pipefail
-scenario=${1:?conv, code or translation}; piece=${2:?grid, tuned or fp8}
-kit=${3:?kit dir}; run=${4:?run dir}
+usage="usage: headline-h200.sh conv|code|translation grid|tuned|fp8 KIT_DIR RUN_DIR"
+[ $# -eq 4 ] || { echo "headline-h200.sh: 4 arguments, not $#; $usage" >&2; exit 2; }
+scenario=$1; piece=$2; kit=$3; run=$4
+# Every argument checked before any work (a trace conversion costs a device call's seconds).
+case "$scenario" in conv|code|translation) ;; *) echo "headline-h200.sh: scenario '$scenario': not conv, code or translation; $usage" >&2; exit 2 ;; esac
+case "$piece" in grid|tuned|fp8) ;; *) echo "headline-h200.sh: piece '$piece': not grid, tuned or fp8; $usage" >&2; exit 2 ;; esac
+[ -d "$kit/models" ] || { echo "headline-h200.sh: KIT_DIR $kit: no models/ folder (the offline kit, or ../shared/gpu)" >&2; exit 2; }
 source scripts/gpu/env.sh
 mkdir -p "$run"
 case "$scenario" in
@@ -44,7 +49,6 @@ case "$scenario" in
     model=qwen2-1.5b-shape; context=4096; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
     seqs=128,1024; batched=1024,2048,4096,8192; server=(--server vllm --api-server-count 4 --step-requests 1000)
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune generate "$run/traffic.jsonl" --duration-s 300 --rate 200 --seed 7 ;;
-  *) echo "headline-h200.sh: scenario conv, code or translation, not $scenario" >&2; exit 2 ;;
 esac
 common=(--model "$kit/models/$model" --load-format dummy --max-model-len "$context" --over-context drop
   --slo "${slos[0]}" --slo "${slos[1]}" --objective capacity --tuning-window 60 --holdout-window 60 "${server[@]}")
@@ -71,5 +75,4 @@ case "$piece" in
     printf '%q ' "${cmd[@]}" > "$run/$piece-command.txt"; echo >> "$run/$piece-command.txt"
     { date -u +"$piece start %FT%TZ"; "${cmd[@]}" || echo "exit $?"; date -u +"$piece end %FT%TZ"; } \
       >> "$run/$piece.log" 2>&1 < /dev/null ;;
-  *) echo "headline-h200.sh: piece grid, tuned or fp8, not $piece" >&2; exit 2 ;;
 esac
