@@ -119,16 +119,9 @@ def read_run(out_dir: Path) -> TunedRun:
 def read_grid(folder: Path) -> tuple[Table, str]:
     """The grid's table with its repeats pooled, and its trace's fingerprint; SystemExit (one
     line naming the file) for a folder that holds no measured table."""
-    path = folder / "table.json"
-    if not path.is_file():
-        raise SystemExit(f"{path}: not found (give a `search_efficiency.py measure --table` folder)")
-    try:
-        table = load_table(folder)
-    except (ValueError, ValidationError) as error:
-        first = error.errors()[0] if isinstance(error, ValidationError) else {"loc": (), "msg": str(error)}
-        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
+    table = load_table(folder)  # a missing or unreadable table.json: SystemExit, one line
     if not table.points:
-        raise SystemExit(f"{path}: no measured point yet (run measure first)")
+        raise SystemExit(f"{folder / 'table.json'}: no measured point yet (run measure first)")
     trace = table_trace(table, folder)
     return pooled(table, load_repeats(table, folder)), profile_trace(load_trace(trace)).fingerprint
 

@@ -184,8 +184,9 @@ def measure_capacity(args: argparse.Namespace) -> int:
     try:
         plan = prepare_plan(request)
     except AutotuneError as error:  # e.g. fp8 on a CPU: refused in one line, before any engine starts
-        flag = " --quantization fp8 (as autotune run --allow fp8)" if "fp8" in args.quantization else ""
-        raise SystemExit(f"measure{flag}: {error}") from None
+        if "fp8" in args.quantization:  # the user gave --quantization, not --allow: name that fix
+            raise SystemExit(f"measure --quantization fp8: {str(error).replace('drop --allow fp8', 'take fp8 out of --quantization')}") from None
+        raise SystemExit(f"measure: {error}") from None
     tuning, slos, ladder, baseline = plan.tuning_window, plan.slos, plan.ladder, plan.baseline
     defaults = plan.effective_defaults
     window = plan.workload["tuning_window"]

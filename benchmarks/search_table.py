@@ -154,8 +154,16 @@ class Table(BaseModel):
 
 def load_table(table_dir: Path) -> Table:
     """The table; points measured on another host (a GPU's run folder) read their trial folders
-    from beside the table, where the run folder was copied."""
-    table = Table.model_validate_json((table_dir / "table.json").read_text())
+    from beside the table, where the run folder was copied. SystemExit (one line naming the
+    file) where the folder holds no table."""
+    path = table_dir / "table.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: not found (give a `search_efficiency.py measure --table` folder)")
+    try:
+        table = Table.model_validate_json(path.read_text())
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
     for point in table.points:
         if not point.outcome_path().exists() and (table_dir / "trials" / Path(point.trial_dir).name).is_dir():
             point.trial_dir = str(table_dir / "trials" / Path(point.trial_dir).name)

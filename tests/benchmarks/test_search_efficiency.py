@@ -426,3 +426,13 @@ def test_a_preemption_a_full_kv_cache_or_a_missing_metric_keeps_points_apart(tab
     for other in (idle_ladder(5.0, 3, preemptions=2), idle_ladder(5.0, 3, kv_cache_usage_max=0.95), ladder(5.0)):
         rewrite_ladder(table, (8, 1024), other)
         assert search_table.one_scheduler_config(table)[1] == []
+
+
+def test_a_folder_without_a_table_is_named_in_one_line(tmp_path: Path) -> None:
+    from benchmarks.search_table import load_table
+
+    with pytest.raises(SystemExit, match=r"/table.json: not found \(give a `search_efficiency.py measure --table` folder\)$"):
+        load_table(tmp_path)
+    (tmp_path / "table.json").write_text('{"points": []}')
+    with pytest.raises(SystemExit, match=r"/table.json: settings: Field required$"):
+        load_table(tmp_path)
