@@ -24,7 +24,12 @@ from autotune.plan import TuningPlan
 from autotune.progress import say
 from autotune.redact import redact
 from autotune.request import TuningRequest
-from autotune.search.numerics import check_fp8_sources, check_supported, numerics_params
+from autotune.search.numerics import (
+    check_allowed_in_space,
+    check_fp8_sources,
+    check_supported,
+    numerics_params,
+)
 from autotune.search.objective import MEMORY_KNOB, Objective, default_slos, parse_objective
 from autotune.search.relations import BUILTIN_RELATIONS, parse_relation
 from autotune.search.space import ParamSpec, SearchSpace
@@ -125,6 +130,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     else:
         space = SearchSpace.default(accelerator, wide_memory=wide, baseline=resolved)
     space = space.extended(numerics_params(request.allow, resolved))
+    check_allowed_in_space(request.allow, space)
     space.check_names(known)
     if wide and MEMORY_KNOB not in space.params:
         raise AutotuneError(

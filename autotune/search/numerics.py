@@ -108,6 +108,18 @@ def check_fp8_sources(
                                accelerator, capability)
 
 
+def check_allowed_in_space(allow: Sequence[str], space: Any) -> None:
+    """AutotuneError (one line) where `--allow fp8` is given but the space (`space`: a
+    SearchSpace, its file kept as written) leaves fp8 out of every numerics knob, e.g. a space
+    file with `quantization: {type: categorical, choices: [null]}`: the opt-in would do nothing."""
+    if "fp8" not in allow:
+        return
+    if not any(is_fp8(choice) for name in NUMERICS_KNOBS if name in space.params
+               for choice in space.params[name].choices or []):
+        raise AutotuneError(f"--allow fp8: the space ({space.source}) leaves fp8 out of "
+                            f"{' and '.join(NUMERICS_KNOBS)}; add fp8 to their choices there or drop --allow fp8")
+
+
 def numerics_params(allow: Sequence[str], baseline: Mapping[str, Any]) -> dict[str, ParamSpec]:
     """The parameters `--allow` adds to the space: for fp8, `quantization` and
     `kv_cache_dtype`, each between the baseline's value (None: vLLM's default, which a config

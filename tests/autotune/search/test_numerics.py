@@ -152,3 +152,19 @@ def test_fp8_in_a_file_is_refused_on_cpu_as_the_opt_in_is(flag: str, text: str, 
     assert code == 2 and "\n" not in err
     assert err.startswith(f"autotune: error: {flag} {path}") and refused in err
     assert not (tmp_path / "out" / "trials").exists()
+
+
+def test_the_opt_in_with_a_space_file_that_leaves_fp8_out_is_refused(tmp_path: Path) -> None:
+    """A space file keeps its parameters as written: `quantization: [null]` beside --allow fp8
+    would make the opt-in do nothing, silently."""
+    from autotune.search.numerics import check_allowed_in_space
+
+    path = tmp_path / "space.yaml"
+    path.write_text("params:\n  quantization: {type: categorical, choices: [null]}\n"
+                    "  kv_cache_dtype: {type: categorical, choices: [auto]}\n")
+    space = SearchSpace.load(path, "gpu")
+    with pytest.raises(AutotuneError, match=rf"^--allow fp8: the space \({path}\) leaves fp8 out of quantization "
+                                            r"and kv_cache_dtype; add fp8 to their choices there or drop --allow fp8$"):
+        check_allowed_in_space(["fp8"], space.extended(numerics_params(["fp8"], {})))
+    check_allowed_in_space([], space)  # no opt-in: nothing to check
+    check_allowed_in_space(["fp8"], SearchSpace.default("gpu").extended(numerics_params(["fp8"], {})))
