@@ -51,8 +51,9 @@ class TimedRunner:
         return trial_outcome(trial_dir, summary=summary, timing=trial_timing(measure_s=8.0))
 
 
-def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tuple[int, list[str]]:
-    """Launches a budget-limited search made, and what it said."""
+def timed_study(tmp_path: Path, *, engine: dict[str, Any], n_trials: int | None = None,
+                gpu_seconds: float | None = None, repeats: int = 1) -> tuple[TuningStudy, TimedRunner, list[str]]:
+    """A study whose every trial takes TRIAL_S on its clock, and the lines it says."""
     clock = Clock()
     runner = TimedRunner(clock)
     lines: list[str] = []
@@ -60,7 +61,7 @@ def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tupl
     window = Trace.from_requests(
         [TraceRequest(timestamp=i * 500.0, input_length=50, output_length=20) for i in range(20)])
     study = TuningStudy(
-        options=StudyOptions(study_name="budget", output_dir=tmp_path, n_trials=None, top_k=1, repeats=1,
+        options=StudyOptions(study_name="budget", output_dir=tmp_path, n_trials=n_trials, top_k=1, repeats=repeats,
                              gpu_seconds=gpu_seconds, prune=False,
                              storage=optuna.storages.InMemoryStorage()),
         inputs=SearchInputs(
@@ -77,6 +78,12 @@ def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tupl
         say=lines.append,
         clock=clock,
     )
+    return study, runner, lines
+
+
+def searched(tmp_path: Path, gpu_seconds: float, engine: dict[str, Any]) -> tuple[int, list[str]]:
+    """Launches a budget-limited search made, and what it said."""
+    study, runner, lines = timed_study(tmp_path, engine=engine, gpu_seconds=gpu_seconds)
     study.run_search()
     return runner.launches, lines
 
@@ -133,20 +140,7 @@ def test_gpu_seconds_reaches_the_study_and_lifts_the_default_trial_count(
 def test_each_gate_line_says_when_the_gate_ends_from_its_own_runs(tmp_path: Path) -> None:
     """A gate run costs what the gate's runs cost, not what a search trial did (the H200 fp8
     run's trials took 115-193 s, its gate runs 66-81 s): 2 configs x 2 repeats at TRIAL_S each."""
-    clock = Clock()
-    runner = TimedRunner(clock)
-    lines: list[str] = []
-    slos = default_slos("cpu")
-    window = Trace.from_requests(
-        [TraceRequest(timestamp=i * 500.0, input_length=50, output_length=20) for i in range(20)])
-    study = TuningStudy(
-        options=StudyOptions(study_name="gate-eta", output_dir=tmp_path, n_trials=2, top_k=1, repeats=2,
-                             prune=False, storage=optuna.storages.InMemoryStorage()),
-        inputs=SearchInputs(space=SearchSpace.default("cpu"), objective=parse_objective("goodput", slos),
-                            slos=slos, baseline=ServerConfig(engine={"model": "/models/tiny"}),
-                            baseline_source="vLLM defaults", tuning_window=window, holdout_window=window,
-                            effective_defaults=EFFECTIVE),
-        runner=runner, say=lines.append, clock=clock)
+    study, _, lines = timed_study(tmp_path, engine={}, n_trials=2, repeats=2)
     study.validate(study.run_search())
     gate = [line for line in lines if line.startswith("gate ") and "/4  repeat" in line]
     assert [line.split("  ")[2] if "ETA" in line else None for line in gate] == [
