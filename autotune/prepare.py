@@ -26,7 +26,8 @@ from autotune.redact import redact
 from autotune.request import TuningRequest
 from autotune.search.numerics import (
     check_allowed_in_space,
-    check_fp8_sources,
+    check_fp8_config,
+    check_fp8_space,
     check_supported,
     numerics_params,
 )
@@ -77,8 +78,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     accelerator = detect_accelerator()
     check_supported(request.allow, accelerator)  # --allow fp8 on a CPU or an older GPU: refused now
     # FP8 asked for in a file (a deployed fp8 config, a space naming it): the same hardware rule.
-    check_fp8_sources({f"--baseline {request.baseline}": baseline.engine} if request.baseline else {},
-                      {}, "", accelerator)
+    if request.baseline is not None:
+        check_fp8_config(f"--baseline {request.baseline}", baseline.engine, accelerator)
     CpuSplit.resolve(request.client_cpus, accelerator=accelerator)  # a bad list: refused now
     slos = slos or default_slos(accelerator)
     objective = parse_objective(request.objective, slos, headroom=request.headroom)
@@ -119,7 +120,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
         # A bad space file is refused before vLLM is asked anything (that takes seconds); it is
         # read again below, with the baseline's resolved values.
         early_space = SearchSpace.load(request.space, accelerator, known_names=known, wide_memory=wide)
-        check_fp8_sources({}, early_space.params, f"--space {request.space}", accelerator)
+        check_fp8_space(early_space, accelerator)
     # The built-in ranges contain what the baseline resolves to (1024 sequences on an H200).
     # Checked as a searched config is (vLLM's checks, the relations) before any server starts.
     effective = effective if effective is not None else check_deployable(baseline, baseline_source)
@@ -140,7 +141,7 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     comparisons = {}
     for path in request.compare:
         comparison = apply_model_flags(with_default_model(ServerConfig.load(path), request), request)
-        check_fp8_sources({f"--compare {path}": comparison.engine}, {}, "", accelerator)
+        check_fp8_config(f"--compare {path}", comparison.engine, accelerator)
         check_deployable(comparison, str(path))
         comparisons[f"compare-{path.stem}"] = comparison
     request.trial_server.check(labelled(baseline, comparisons, baseline_source))

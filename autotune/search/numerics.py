@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.search.space import ParamSpec
+from autotune.search.space import ParamSpec, SearchSpace
 
 ALLOW_CHOICES = ("fp8",)
 # The engine arguments that change numerics, and vLLM's value that leaves them as they are.
@@ -85,33 +85,39 @@ def is_fp8(value: Any) -> bool:
     return isinstance(value, str) and value.lower().startswith("fp8")
 
 
-def check_fp8_sources(
-    configs: Mapping[str, Mapping[str, Any]],
-    space: Mapping[str, ParamSpec],
-    space_source: str,
+def check_fp8_config(
+    where: str,
+    engine: Mapping[str, Any],
     accelerator: str,
     capability: Callable[[], tuple[int, int] | None] = device_capability,
 ) -> None:
-    """Refuse FP8 asked for without `--allow` where the hardware has none: a config file
-    (`configs`: where -> engine arguments, e.g. the --baseline and --compare files) that sets a
-    numerics knob to FP8, or a space file whose choices for one hold FP8. One line naming the
-    file, the knob and the fix (AutotuneError)."""
-    for where, engine in configs.items():
-        for name in NUMERICS_KNOBS:
-            if is_fp8(engine.get(name)):
-                check_fp8_hardware(f"{where}: {name}: {engine[name]}", f"remove {name} from {where}",
-                                   accelerator, capability)
+    """Refuse a config file (`where`, e.g. "--baseline deployed.yaml") whose engine arguments
+    set a numerics knob to FP8, where the hardware has none: the rule of `--allow fp8`, in one
+    line naming the file, the knob and the fix (AutotuneError)."""
     for name in NUMERICS_KNOBS:
-        param = space.get(name)
-        if param is not None and any(is_fp8(choice) for choice in param.choices or []):
-            check_fp8_hardware(f"{space_source}: {name} may be fp8", f"take fp8 out of {name}'s choices",
+        if is_fp8(engine.get(name)):
+            check_fp8_hardware(f"{where}: {name}: {engine[name]}", f"remove {name} from {where}",
                                accelerator, capability)
 
 
-def check_allowed_in_space(allow: Sequence[str], space: Any) -> None:
-    """AutotuneError (one line) where `--allow fp8` is given but the space (`space`: a
-    SearchSpace, its file kept as written) leaves fp8 out of every numerics knob, e.g. a space
-    file with `quantization: {type: categorical, choices: [null]}`: the opt-in would do nothing."""
+def check_fp8_space(
+    space: SearchSpace,
+    accelerator: str,
+    capability: Callable[[], tuple[int, int] | None] = device_capability,
+) -> None:
+    """Refuse a space (a --space file) whose choices for a numerics knob hold FP8, where the
+    hardware has none (AutotuneError, one line naming the file and the knob)."""
+    for name in NUMERICS_KNOBS:
+        param = space.params.get(name)
+        if param is not None and any(is_fp8(choice) for choice in param.choices or []):
+            check_fp8_hardware(f"--space {space.source}: {name} may be fp8",
+                               f"take fp8 out of {name}'s choices", accelerator, capability)
+
+
+def check_allowed_in_space(allow: Sequence[str], space: SearchSpace) -> None:
+    """AutotuneError (one line) where `--allow fp8` is given but the space leaves fp8 out of
+    every numerics knob: a space file's parameters are kept as written, so one with
+    `quantization: {type: categorical, choices: [null]}` would make the opt-in do nothing."""
     if "fp8" not in allow:
         return
     if not any(is_fp8(choice) for name in NUMERICS_KNOBS if name in space.params
