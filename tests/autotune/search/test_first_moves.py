@@ -329,3 +329,34 @@ def test_with_the_fp8_opt_in_the_first_phase_reaches_fp8_and_a_smaller_chunk_bud
     # A knob left to vLLM's default is not a setting of the trial (the H200 run printed
     # `kv_cache_dtype=None` beside each fp8 trial's values).
     assert not any("=None" in line for line in lines)
+
+
+def test_the_eta_prices_what_is_left_at_the_hinted_trials_not_the_cold_first_one(tmp_path) -> None:
+    """The first trial climbs its ladder from 1x, cold; every later trial and gate run starts
+    at a capacity measured before (the CPU demo: 137 s, then 36 and 57 s, gate runs ~40 s).
+    Here the first costs 100 s on the study's clock and each hinted run 10 s."""
+    clock = SimpleNamespace(now=0.0)
+
+    class TimedRunner(FakeRunner):
+        def run(self, config, window, trial_dir, *, should_prune=None, start_speedup=None, **_):
+            clock.now += 100.0 if start_speedup is None else 10.0
+            return super().run(config, window, trial_dir, should_prune=should_prune, start_speedup=start_speedup)
+
+    def measure(config: ServerConfig) -> CapacityResult:
+        rps = 10.0 if config.engine.get("max_num_batched_tokens") is None else 9.0
+        result = capacity(step(rps / 10, True, 200, 45), step(rps / 10 * 1.1, False, 300, 60))
+        return result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
+
+    lines: list[str] = []
+    study = TuningStudy(
+        options=StudyOptions(study_name="eta", output_dir=tmp_path, n_trials=3, top_k=1, repeats=1),
+        inputs=SearchInputs(
+            space=SPACE, objective=Objective(kind="capacity"), slos=SLOS,
+            baseline=ServerConfig(engine={"model": "fake"}), baseline_source="defaults",
+            tuning_window=WINDOW, holdout_window=WINDOW, effective_defaults=DEFAULTS),
+        runner=TimedRunner(measure), say=lines.append, clock=lambda: clock.now,
+    )
+    study.run_search()
+    etas = [line.split("ETA ")[1].split()[0] for line in lines if line.startswith("trial ")]
+    # After the first: 2 trials + 2 gate runs at its 100 s; then at the hinted 10 s each.
+    assert etas == ["6m40s", "30s", "20s"]
