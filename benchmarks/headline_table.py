@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
@@ -36,6 +35,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
 
 from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
 from benchmarks.search_table import Point, Table, load_repeats, load_table, pooled, table_trace  # noqa: E402
+from server.config import ConfigError, ServerConfig  # noqa: E402
 from workloads.profile import profile_trace  # noqa: E402
 from workloads.trace_io import load_trace  # noqa: E402
 
@@ -54,8 +54,9 @@ class Row(BaseModel):
     grid_best: float | None = None  # the grid's best this row is judged against (tuning window)
     gpu_s: float | None = None
 
-    def median(self, values: list[float]) -> float | None:
-        return statistics.median(values) if values else None
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 class TunedRun(BaseModel):
@@ -88,7 +89,13 @@ def read_run(out_dir: Path) -> TunedRun:
         raise SystemExit(f"{path}: not found (not an `autotune run` output dir, or the run has "
                          f"not finished its gate)")
     try:
-        provenance = yaml.safe_load(path.read_text())["additional-config"]["vllm_autotune"]["provenance"]
+        provenance = ServerConfig.load(path).provenance  # a bad file: ConfigError, one line
+    except ConfigError as error:
+        raise SystemExit(f"{path}: not a finished run's best.yaml ({error})") from None
+    if provenance is None:
+        raise SystemExit(f"{path}: not a finished run's best.yaml (no additional-config.vllm_autotune."
+                         f"provenance); give an `autotune run --output-dir`")
+    try:
         decision, workload = provenance["decision"], provenance["workload"]
         emitted = decision["emitted"]
         trial = "trial-0000" if emitted == "baseline" else emitted
@@ -105,11 +112,6 @@ def read_run(out_dir: Path) -> TunedRun:
             gate_wall_s=provenance["study"]["validation_wall_s"],
             tuning_capacity=(capacity or {}).get("capacity_rps"),
         )
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SystemExit(f"{path}: not a finished run's best.yaml (not YAML{where}: "
-                         f"{getattr(error, 'problem', None) or 'unreadable'})") from None
     except (KeyError, TypeError, ValueError, ValidationError) as error:
         problem = " ".join(str(error).split())[:80]  # one line, whatever the exception held
         raise SystemExit(f"{path}: not a finished run's best.yaml (its vllm_autotune provenance "
@@ -208,8 +210,8 @@ def build_rows(grid: Table | None, tuned: TunedRun | None, fp8: TunedRun | None)
 def _span(values: list[float]) -> str:
     if not values:
         return "-"
-    median = statistics.median(values)
-    return f"{median:.1f}" if len(values) == 1 else f"{median:.1f} [{min(values):.1f}, {max(values):.1f}]"
+    middle = statistics.median(values)
+    return f"{middle:.1f}" if len(values) == 1 else f"{middle:.1f} [{min(values):.1f}, {max(values):.1f}]"
 
 
 def _ratio(value: float | None, against: float | None) -> str:
@@ -221,11 +223,11 @@ def markdown(rows: list[Row]) -> str:
              "| tuning-window capacity | vs grid's best | GPU seconds |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
-        versus = (_ratio(row.median(row.held_out), row.median(row.held_out_defaults))
+        versus = (_ratio(median(row.held_out), median(row.held_out_defaults))
                   if row.held_out is not row.held_out_defaults and row.config != DEFAULTS else "-")
         lines.append(
             f"| {row.config} | {row.what} | {_span(row.held_out)} | {versus} "
-            f"| {_span(row.tuning)} | {_ratio(row.median(row.tuning), row.grid_best)} "
+            f"| {_span(row.tuning)} | {_ratio(median(row.tuning), row.grid_best)} "
             f"| {'-' if row.gpu_s is None else f'{row.gpu_s:.0f}'} |")
     return "\n".join(lines) + "\n"
 

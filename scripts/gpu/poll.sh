@@ -10,7 +10,7 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
   # The tuner (or the grid) has exited (or never started): no point waiting longer.
   # Anchored at the start of the command line, so that the device call's own shell (whose
   # command text may name these scripts) is not mistaken for the run.
-  pgrep -f "^(bash scripts/gpu/(grid-8b-gpus|frontends|scenario1-h200|topology-h200x2|issue58-h200|headline-h200)\.sh|python3 (-m autotune run|benchmarks/(search_efficiency\.py measure|throughput_ceiling\.py|frontend_capacity\.py)))" >/dev/null || break
+  pgrep -f "^(bash scripts/gpu/(grid-8b-gpus|frontends|scenario1-h200|topology-h200x2|headline-h200)\.sh|python3 (-m autotune run|benchmarks/(search_efficiency\.py measure|throughput_ceiling\.py|frontend_capacity\.py)))" >/dev/null || break
   sleep 10
 done
 # The run folder's logs, and those of runs kept in its subfolders (one folder per repeat).
