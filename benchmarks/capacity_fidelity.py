@@ -91,6 +91,7 @@ from autotune.measure.trial import WARMUP_INPUT_TOKENS, WARMUP_OUTPUT_TOKENS
 from autotune.search.objective import default_slos
 from benchmarks.benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 from server.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_DIR, ServerConfig
+from workloads.errors import OneLineErrorParser
 from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions, replay
@@ -847,7 +848,7 @@ async def measure(plan: Plan, server: ServerProcess) -> Measured:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(SAMPLE))
     parser.add_argument("--config", help="server config YAML (default: the embedded model, vLLM's defaults)")
     parser.add_argument("--rate", type=float, help="req/s to compare at (default: one ladder's capacity)")

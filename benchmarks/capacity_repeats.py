@@ -14,7 +14,6 @@ Results: results/benchmarks/capacity_repeats.{json,md} (quick: results/benchmark
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from autotune.measure.trial import TrialRunner
 from autotune.search.objective import default_slos
 from benchmarks.benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
 from server.config import ServerConfig, default_engine_settings
+from workloads.errors import OneLineErrorParser
 from workloads.replay import ReplayOptions
 from workloads.trace_io import load_trace
 from workloads.windows import select_windows
@@ -38,7 +38,7 @@ CONFIGS = {"defaults": {}, "one-seq": {"max_num_seqs": 1}}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 repeats of the defaults, 1 of one-seq")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

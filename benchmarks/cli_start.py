@@ -18,7 +18,6 @@ the ratio warm / cold of each round's pair.
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -34,6 +33,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
 
 from benchmarks.benchlib import ROOT, Recorder, md_table, say
 from server.vllm_facts import CACHE_DIR_ENV
+from workloads.errors import OneLineErrorParser
 
 SAMPLE = ROOT / "workloads" / "samples" / "translation_trace.jsonl"
 
@@ -72,7 +72,7 @@ def timed(argv: list[str], expect: int, cache: Path, log: Path) -> dict[str, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     recorder = Recorder("cli_start", "Command start with the vLLM facts cache empty and warm", "full")

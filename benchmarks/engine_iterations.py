@@ -27,7 +27,6 @@ Logs may be gzipped. Results: printed, and with --name written to results/benchm
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import re
 import shlex
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workloads.errors import OneLineErrorParser
 from workloads.files import write_text_atomic
 
 ITERATION = re.compile(
@@ -140,7 +140,7 @@ def report(logs: list[Iterations], labels: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("logs", nargs="+", type=Path, help="server logs (plain or .gz)")
     parser.add_argument("--labels", help="comma-separated, one per log (default: the folder names)")
     parser.add_argument("--name", help="write results/benchmarks/NAME.md too")

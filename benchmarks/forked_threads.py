@@ -16,7 +16,6 @@ its CPUs since 5be385e; before, wide was 40x slower on 2 cores.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ import httpx
 from autotune.measure.forkserver import ForkServer
 from autotune.measure.launcher import ServerLauncher
 from server.config import ServerConfig
+from workloads.errors import OneLineErrorParser
 
 PROMPT = "Der Zug nach Hamburg " * 20
 
@@ -71,7 +71,7 @@ def measure(forkserver: ForkServer, cpu: int, folder: Path, requests: int) -> tu
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()

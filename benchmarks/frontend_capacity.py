@@ -44,7 +44,6 @@ steps, per-request records) under results/benchmarks/{name}-runs/.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -66,6 +65,7 @@ from autotune.prepare import load_baseline
 from autotune.request import TuningRequest
 from benchmarks.benchlib import ROOT, Goal, Recorder, engine_changes, fmt, md_table, say, spread
 from server.config import ServerConfig
+from workloads.errors import OneLineErrorParser
 from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
 from workloads.replay import ReplayOptions
@@ -343,7 +343,7 @@ def versus_first(rows: list[dict[str, Any]], columns: list[Column]) -> tuple[dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True)
     parser.add_argument("--model", help="model folder (default: the embedded tiny model)")
     parser.add_argument("--max-model-len", type=int)

@@ -21,7 +21,6 @@ Usage: python benchmarks/headline_table.py --grid RUN/grid --tuned RUN/tuned --f
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -36,6 +35,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
 from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
 from benchmarks.search_table import Point, Table, load_repeats, load_table, pooled, table_trace  # noqa: E402
 from server.config import ConfigError, ServerConfig  # noqa: E402
+from workloads.errors import OneLineErrorParser
 from workloads.profile import profile_trace  # noqa: E402
 from workloads.trace_io import load_trace  # noqa: E402
 
@@ -233,7 +233,7 @@ def markdown(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--grid", type=Path, help="the grid's table folder (table.json)")
     parser.add_argument("--tuned", type=Path, help="the default-space run's --output-dir")
     parser.add_argument("--fp8", type=Path, help="the --allow fp8 run's --output-dir")

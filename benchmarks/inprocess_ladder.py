@@ -21,7 +21,6 @@ goes away with it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -33,6 +32,7 @@ from autotune.measure.ladder import CapacityResult, LadderSettings, LoadLadder
 from autotune.measure.scraper import MetricsSnapshot, parse_metrics, parse_scalars
 from server.config import ServerConfig
 from server.engine import Engine, Generation
+from workloads.errors import OneLineErrorParser
 from workloads.files import write_text_atomic
 from workloads.prompts import PromptFactory
 from workloads.replay import ProgressCallback, ReplayOptions, ReplayRun, _Stream
@@ -144,7 +144,7 @@ async def warm_up(engine: Engine, requests: int = 4) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="our server's YAML (its engine settings)")
     parser.add_argument("--window", required=True, help="the ladder's window (trace JSONL)")
     parser.add_argument("--ladder", required=True, help="LadderSettings as JSON")

@@ -13,7 +13,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from server.config import RecorderSettings
 from server.recorder import TrafficRecorder, list_segments
+from workloads.errors import OneLineErrorParser
 
 
 async def ticker(lags: list[float], stop: asyncio.Event) -> None:
@@ -97,7 +97,7 @@ async def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rate", type=float, default=1000.0, help="steady records/s for 3.")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the steady run")

@@ -46,6 +46,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchlib import ROOT, EngineWatch, Goal, Recorder, fmt, md_table, say, spread
+from workloads.errors import OneLineErrorParser
 
 METRICS = ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "p99_e2el_ms")
 TOLERANCE = 0.03
@@ -277,7 +278,7 @@ def engine_target(window, work: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 pair of runs per target, 8 s window")
     parser.add_argument("--pairs", type=int, default=None, help="pairs of split runs per target (default 3)")
     parser.add_argument("--window-s", type=float, default=None, help="wall seconds (default 20; quick 8)")

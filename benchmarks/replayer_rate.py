@@ -41,6 +41,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchlib import Goal, Recorder, fmt, md_table
+from workloads.errors import OneLineErrorParser
 from workloads.replay import replay
 from workloads.replay_workers import replay_with_workers
 from workloads.trace import Trace
@@ -238,7 +239,7 @@ def client_cost(base: str) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter steps (about 1 min)")
     parser.add_argument("--loop", choices=["asyncio", "uvloop", "both"], default="both")
     parser.add_argument("--rates", default=None, help="comma-separated req/s steps")

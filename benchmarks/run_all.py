@@ -13,7 +13,6 @@ this process's stdout. The benchmarks are not part of the test suite.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import shutil
@@ -26,6 +25,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchlib import ENGINE_LOCK, RESULTS, ROOT
+from workloads.errors import OneLineErrorParser
 
 PYTHON = sys.executable
 
@@ -96,7 +96,7 @@ def grid_done(quick: bool) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=None, help="comma-separated step names")
     args = parser.parse_args()

@@ -75,6 +75,7 @@ from benchmarks.search_measure import (
 )
 from benchmarks.search_report import replay
 from benchmarks.search_table import QUANTIZATIONS, default_table
+from workloads.errors import OneLineErrorParser
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -115,7 +116,7 @@ def quantization_list(text: str) -> tuple[str, ...]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     measure_parser = sub.add_parser("measure", help="measure every point of a grid on the engine")
     measure_parser.add_argument("--objective", choices=("capacity", "goodput"), default="capacity")

@@ -18,7 +18,6 @@ as fast as one started on its own.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -36,6 +35,7 @@ from autotune.measure.forkserver import ForkedServer, ForkServer
 from autotune.measure.launcher import ServerLauncher
 from benchmarks.benchlib import Recorder, md_table, say
 from server.config import ServerConfig
+from workloads.errors import OneLineErrorParser
 
 
 async def serve_burst(url: str, requests: int, concurrency: int = 32) -> float:
@@ -71,7 +71,7 @@ def start_once(launcher: ServerLauncher, config: Path, log: Path, requests: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--config", type=Path, help="server config (default: the embedded default)")
     parser.add_argument("--name", default="server_start", help="results/benchmarks/NAME.{md,json}")

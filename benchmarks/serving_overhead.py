@@ -76,6 +76,7 @@ from benchmarks.benchlib import (
     spread,
 )
 from server.config import ServerConfig, ServingSettings
+from workloads.errors import OneLineErrorParser
 
 COLUMNS = ("in_process", "our_server", "vllm_serve")
 KINDS = ("in_process", "our_server", "our_server_equal", "our_server_all_threads", "vllm_serve")
@@ -435,7 +436,7 @@ def ratios_for(sessions: dict[str, list[dict]], summary: dict, columns: list[Col
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round, 2 repeats, 128 requests")
     parser.add_argument("--requests", type=int, default=None, help="default 192 (quick 128)")
     parser.add_argument("--concurrency", type=int, default=8)

@@ -17,7 +17,6 @@ budget.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workloads.errors import OneLineErrorParser
 from workloads.files import write_text_atomic
 from workloads.trace_io import load_trace
 from workloads.windows import select_windows
@@ -66,7 +66,7 @@ def measure(model: str, max_model_len: int, batched: int, seqs: int, memory: flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--max-model-len", type=int, default=8192)

@@ -28,6 +28,7 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchlib import Goal, Recorder, md_table, spread
+from workloads.errors import OneLineErrorParser
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 10.0
@@ -123,7 +124,7 @@ def measure(path: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="one repeat")

@@ -28,7 +28,6 @@ Results: results/benchmarks/NAME.{json,md} (default trial_overhead).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import os
@@ -55,6 +54,7 @@ from benchmarks.benchlib import (
     say,
     spread,
 )
+from workloads.errors import OneLineErrorParser
 
 PHASES = ("launch_s", "ready_s", "warmup_s", "measure_s", "teardown_s")
 VARIANTS = ("eager", "compile_cold", "compile_warm", "compile_warm_other", "eager#2")
@@ -231,7 +231,7 @@ def variants(names: list[str], rounds: int) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"variants {','.join(QUICK_VARIANTS)}")
     parser.add_argument("--table", default=None, help="search-grid table folder (default: "
                         "benchmarks/data/search_grid; quick: /tmp/search_grid_capacity_quick, which run_all.py --quick measures)")

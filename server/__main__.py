@@ -26,12 +26,13 @@ from server.config import (
 )
 from server.lifeline import watch_parent_from_env
 from server.logs import configure_logging
+from workloads.errors import OneLineErrorParser
 
 PROG = "server"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config", help=f"YAML config (the file `autotune` exports; {NO_MODEL_RULE})"
     )

@@ -4,12 +4,25 @@
 its subtree: `WorkloadError` (traffic, here), `server.config.ConfigError` and
 `server.protocol.RequestError` (the server), `autotune.errors.AutotuneError` and
 `NothingMeasured` (the tuner). The root lives here because `workloads` is the bottom layer
-that `server` and `autotune` both import.
+that `server` and `autotune` both import. `OneLineErrorParser` is the command lines' parser:
+a usage error is one line too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import Any, NoReturn
+
+USAGE_ERROR = 2  # argparse's own status for a usage error, kept
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's parser, except that a usage error is one line on stderr, exit status 2:
+    `PROG: error: MESSAGE (see `PROG --help`)`. argparse's own prints the whole
+    usage block first, which pushes the one line that says what is wrong off a short terminal."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 class VllmAutotuneError(Exception):

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from autotune.errors import EXIT_CODES_HELP, HelpFormatter
+from workloads.errors import OneLineErrorParser
 from workloads.pipes import run_closing_quietly
 
 
@@ -87,7 +88,7 @@ COMMANDS = (
 )
 
 
-class CommandParser(argparse.ArgumentParser):
+class CommandParser(OneLineErrorParser):
     """A subcommand's parser that imports its module and takes its flags from it the first
     time it parses (or when `add_flags` is called)."""
 
@@ -111,7 +112,7 @@ class CommandParser(argparse.ArgumentParser):
 def build_parser(*, complete: bool = False) -> argparse.ArgumentParser:
     """`autotune`'s parser. Each command's flags are added when it is parsed; with `complete`,
     every command's are added now (the CLI reference prints every command's --help)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="autotune",
         description="Find the best vLLM serving config for your real traffic.",
         epilog=EXIT_CODES_HELP,

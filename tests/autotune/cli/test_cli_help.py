@@ -48,3 +48,22 @@ def test_a_commands_help_imports_its_own_module_only() -> None:
     printed, imported = parse(["drift", "--help"])
     assert "--burstiness-threshold" in printed
     assert imported & {command.module for command in COMMANDS} == {"autotune.cli.drift"}
+
+
+def usage_error(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_a_usage_error_is_one_line_naming_the_flag_and_value() -> None:
+    """Not argparse's usage block first: the one line that says what is wrong is all there is,
+    exit status 2, for the tuner, the server and a benchmark script alike."""
+    for argv, flag, shown in (
+        (["-m", "autotune", "run", "--workload", "t.jsonl", "--trials", "abc"], "--trials", "'abc'"),
+        (["-m", "autotune", "nosuch"], "COMMAND", "'nosuch'"),
+        (["-m", "server", "--port", "x"], "--port", "'x'"),
+        (["benchmarks/search_efficiency.py", "replay", "--seeds", "many"], "--seeds", "'many'"),
+    ):
+        child = usage_error(argv)
+        assert child.returncode == 2, (argv, child.stderr)
+        assert child.stdout == "" and child.stderr.count("\n") == 1, child.stderr
+        assert flag in child.stderr and shown in child.stderr and "--help" in child.stderr
