@@ -117,7 +117,8 @@ def check_fp8_space(
 def check_allowed_in_space(allow: Sequence[str], space: SearchSpace) -> None:
     """AutotuneError (one line) where `--allow fp8` is given but the space leaves fp8 out of
     every numerics knob: a space file's parameters are kept as written, so one with
-    `quantization: {type: categorical, choices: [null]}` would make the opt-in do nothing."""
+    `quantization: {type: categorical, choices: [null]}`, or one that maps both knobs to null
+    (stop varying them), would make the opt-in do nothing."""
     if "fp8" not in allow:
         return
     if not any(is_fp8(choice) for name in NUMERICS_KNOBS if name in space.params

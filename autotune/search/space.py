@@ -273,10 +273,12 @@ class SearchSpace:
         *,
         source: str = "built-in defaults",
         host_gpus: int | None = None,
+        dropped: frozenset[str] = frozenset(),
     ) -> None:
         """`host_gpus`: the GPUs this host gives the engines; None: counted when a relation
         first needs it (autotune.measure.gpus.count_gpus), so a space rebuilt from a stored
-        study on another host checks that host's."""
+        study on another host checks that host's. `dropped`: the names a space file maps to
+        null ("stop varying it"), which `extended` does not add back."""
         if not params:
             raise AutotuneError(f"{source}: the search space has no parameters; add one under 'params:'")
         self.params = dict(params)
@@ -289,6 +291,7 @@ class SearchSpace:
             self.relations.append(parse_relation(TOPOLOGY_RELATION))
         self.source = source
         self._host_gpus = host_gpus
+        self.dropped = dropped
 
     @property
     def host_gpus(self) -> int:
@@ -360,7 +363,8 @@ class SearchSpace:
                 relations.append(parse_relation(item))
             except ValueError as error:
                 raise AutotuneError(f"{path}: field 'relations.{index}' = {item!r}: {error}") from None
-        space = cls(params, relations, source=str(path), host_gpus=gpus)
+        dropped = frozenset(name for name, param in spec.params.items() if param is None)
+        space = cls(params, relations, source=str(path), host_gpus=gpus, dropped=dropped)
         if known_names is not None:
             space.check_names(known_names)
         space.check_fits(baseline or {})
@@ -381,11 +385,14 @@ class SearchSpace:
 
     def extended(self, params: Mapping[str, ParamSpec]) -> SearchSpace:
         """This space with `params` added where it has no parameter of that name (one the
-        space file sets is kept as written); the same relations and source."""
-        added = {name: param for name, param in params.items() if name not in self.params}
+        space file sets is kept as written, one it maps to null stays out); the same
+        relations and source."""
+        added = {name: param for name, param in params.items()
+                 if name not in self.params and name not in self.dropped}
         if not added:
             return self
-        return SearchSpace({**self.params, **added}, self.relations, source=self.source, host_gpus=self._host_gpus)
+        return SearchSpace({**self.params, **added}, self.relations, source=self.source,
+                           host_gpus=self._host_gpus, dropped=self.dropped)
 
     def check_names(self, known: frozenset[str]) -> None:
         """Every parameter and relation operand must be an engine argument of this vLLM (or one

@@ -168,3 +168,21 @@ def test_the_opt_in_with_a_space_file_that_leaves_fp8_out_is_refused(tmp_path: P
         check_allowed_in_space(["fp8"], space.extended(numerics_params(["fp8"], {})))
     check_allowed_in_space([], space)  # no opt-in: nothing to check
     check_allowed_in_space(["fp8"], SearchSpace.default("gpu").extended(numerics_params(["fp8"], {})))
+
+
+def test_a_knob_the_space_file_stops_varying_stays_out_beside_the_opt_in(tmp_path: Path) -> None:
+    """`quantization: null` is "stop varying it": --allow fp8 then searches fp8 in the KV cache
+    only, and with both knobs mapped to null it is refused (it would do nothing)."""
+    from autotune.search.numerics import check_allowed_in_space
+
+    path = tmp_path / "space.yaml"
+    path.write_text("params:\n  quantization: null\n")
+    space = SearchSpace.load(path, "gpu").extended(numerics_params(["fp8"], {}))
+    assert "quantization" not in space.params
+    assert space.params["kv_cache_dtype"].choices == [None, "fp8"]
+    check_allowed_in_space(["fp8"], space)
+    path.write_text("params:\n  quantization: null\n  kv_cache_dtype: null\n")
+    both = SearchSpace.load(path, "gpu").extended(numerics_params(["fp8"], {}))
+    assert not {"quantization", "kv_cache_dtype"} & set(both.params)
+    with pytest.raises(AutotuneError, match=r"leaves fp8 out of quantization and kv_cache_dtype"):
+        check_allowed_in_space(["fp8"], both)
