@@ -16,7 +16,9 @@
 #           vLLM's defaults among them, one launch each on the tuning window `autotune run`
 #           searches; then the defaults twice more (RUN_DIR/grid-repeat-K, RUN_DIR/grid/repeats.json)
 #           so the table carries their noise. ~1.5-2 min a point on an H200: MAX_POINTS=N stops
-#           after N new points (resume in the next session).
+#           after N new points (resume in the next session); QUANTIZATION=none measures the
+#           default weights' half first (8 points), a later QUANTIZATION=none,fp8 run extends
+#           that table with the fp8 half, keeping what was measured.
 #   tuned   `autotune run`, default space, the hand-tuned config (16 seqs / 8192 / 0.3) as
 #           --compare, 3 trials, gate of 3 interleaved held-out repeats (~20 min)
 #   fp8     the same with `--allow fp8` (~20 min)
@@ -25,7 +27,7 @@
 #   bash scripts/gpu/poll.sh /root/runs/conv 500
 # Then, where the run folders were brought back: python3 benchmarks/headline_table.py
 #   --grid RUN_DIR/grid --tuned RUN_DIR/tuned --fp8 RUN_DIR/fp8 --out RUN_DIR/table.md
-# Usage: headline-h200.sh SCENARIO PIECE KIT_DIR RUN_DIR   (env MAX_POINTS, TRIALS)
+# Usage: headline-h200.sh SCENARIO PIECE KIT_DIR RUN_DIR   (env MAX_POINTS, QUANTIZATION, TRIALS)
 set -euo pipefail
 usage="usage: headline-h200.sh conv|code|translation grid|tuned|fp8 KIT_DIR RUN_DIR"
 [ $# -eq 4 ] || { echo "headline-h200.sh: 4 arguments, not $#; $usage" >&2; exit 2; }
@@ -55,7 +57,7 @@ common=(--model "$kit/models/$model" --load-format dummy --max-model-len "$conte
 case "$piece" in
   grid)
     measure=(python3 benchmarks/search_efficiency.py measure --objective capacity --trace "$run/traffic.jsonl"
-      --seqs "$seqs" --batched "$batched" --quantization none,fp8)
+      --seqs "$seqs" --batched "$batched" --quantization "${QUANTIZATION:-none,fp8}")
     for flag in "${common[@]}"; do measure+=("--run-arg=$flag"); done
     printf '%q ' "${measure[@]}" > "$run/grid-command.txt"; echo >> "$run/grid-command.txt"
     { date -u +"grid start %FT%TZ"
