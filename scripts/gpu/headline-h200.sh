@@ -12,12 +12,13 @@
 #                shape, seeded), TTFT p95 <= 500 ms, TPOT p95 <= 50 ms, stock `vllm serve` with 4
 #                API processes (one front end cannot offer this rate: results/h100-2026-11-23)
 # Pieces:
-#   grid    max_num_seqs x max_num_batched_tokens x quantization {none, fp8}, 16 points with
+#   grid    max_num_seqs x max_num_batched_tokens x quantization {none, fp8} (every power of two
+#           between an axis' ends: the search replay samples the grid), 16-18 points with
 #           vLLM's defaults among them, one launch each on the tuning window `autotune run`
 #           searches; then the defaults twice more (RUN_DIR/grid-repeat-K, RUN_DIR/grid/repeats.json)
 #           so the table carries their noise. ~1.5-2 min a point on an H200: MAX_POINTS=N stops
 #           after N new points (resume in the next session); QUANTIZATION=none measures the
-#           default weights' half first (8 points), a later QUANTIZATION=none,fp8 run extends
+#           default weights' half first (conv, code: 8 points), a later QUANTIZATION=none,fp8 run extends
 #           that table with the fp8 half, keeping what was measured.
 #   tuned   `autotune run`, default space, the hand-tuned config (16 seqs / 8192 / 0.3) as
 #           --compare, 3 trials, gate of 3 interleaved held-out repeats (~20 min)
@@ -41,15 +42,15 @@ mkdir -p "$run"
 case "$scenario" in
   conv)
     model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=1000 tpot_p95_ms=25)
-    seqs=128,1024; batched=512,1024,2048,8192; server=()
+    seqs=512,1024; batched=1024,2048,4096,8192; server=()
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_conv_2023.csv" "$run/traffic.jsonl" ;;
   code)
     model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
-    seqs=256,1024; batched=1024,2048,4096,8192; server=()
+    seqs=512,1024; batched=1024,2048,4096,8192; server=()
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_code_2023.csv" "$run/traffic.jsonl" ;;
   translation)
     model=qwen2-1.5b-shape; context=4096; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
-    seqs=128,1024; batched=1024,2048,4096,8192; server=(--server vllm --api-server-count 4 --step-requests 1000)
+    seqs=256,512,1024; batched=2048,4096,8192; server=(--server vllm --api-server-count 4 --step-requests 1000)
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune generate "$run/traffic.jsonl" --duration-s 300 --rate 200 --seed 7 ;;
 esac
 common=(--model "$kit/models/$model" --load-format dummy --max-model-len "$context" --over-context drop
