@@ -33,7 +33,15 @@ if not __package__:  # run as a file: its folder is on sys.path, the repository 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
-from benchmarks.search_table import Point, Table, load_repeats, load_table, pooled, table_trace  # noqa: E402
+from benchmarks.search_table import (  # noqa: E402
+    Point,
+    Table,
+    load_repeats,
+    load_table,
+    one_scheduler_config,
+    pooled,
+    table_trace,
+)
 from server.config import ConfigError, ServerConfig  # noqa: E402
 from workloads.errors import OneLineErrorParser
 from workloads.profile import profile_trace  # noqa: E402
@@ -204,6 +212,30 @@ def build_rows(grid: Table | None, tuned: TunedRun | None, fp8: TunedRun | None)
                 rows.append(Row(config=name + f": {point.label}", what=describe_point(point),
                                 tuning=point_score(point), grid_best=best_any.score if best_any else None,
                                 gpu_s=cost))
+        rows += scheduler_config_rows(grid, cost)
+    return rows
+
+
+def scheduler_config_rows(grid: Table, cost: float) -> list[Row]:
+    """The grid's best without and with fp8 again, judged with the points that ran as one
+    scheduler config as one (benchmarks/search_table.py `one_scheduler_config`: max_num_seqs never
+    bound, so their launches are draws of one config, valued at the median of all of them); only
+    where that changes which launches the best stands on. A single launch's best can be the
+    luck of one launch: this row says what the grid's launches support."""
+    merged, classes = one_scheduler_config(grid)
+    if not classes:
+        return []
+    members = {label: c.labels for c in classes for label in c.labels}
+    best_any = grid_best(merged, fp8=None)
+    rows = []
+    for name, fp8 in (("grid's best without fp8", False), ("grid's best with fp8", True)):
+        point, alone = grid_best(merged, fp8=fp8), grid_best(grid, fp8=fp8)
+        if point is None or point.label not in members or point_score(point) == point_score(alone):
+            continue
+        rows.append(Row(config=f"{name}, as one scheduler config: {' = '.join(members[point.label])}",
+                        what=describe_point(point).replace(
+                            f"max_num_seqs={point.effective.get('max_num_seqs')}", "max_num_seqs never bound"),
+                        tuning=point_score(point), grid_best=best_any.score if best_any else None, gpu_s=cost))
     return rows
 
 

@@ -20,6 +20,7 @@ from benchmarks.search_table import (
     QUANTIZATION_AXIS,
     Key,
     Point,
+    SchedulerClass,
     Table,
     check_powers_of_two,
     conditions,
@@ -337,7 +338,7 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
         "judged_as_one": as_one,
         "done_when_judged_otherwise": judged_otherwise,
         "least_share_baseline_first": least_share_baseline_first(table, grid_best, grid_cost),
-        "launches_to_tell_apart": launches_to_tell_apart(table, grid_best),
+        "launches_to_tell_apart": launches_to_tell_apart(other if as_one else table, grid_best, classes, judged=table),
         "objective": table.objective,
         "settings": table.settings,
         "grid": {"points": len(grid), "feasible_points": len(feasible), "best_score": grid_best,
@@ -379,20 +380,28 @@ def least_share_baseline_first(table: Table, grid_best: float, grid_cost: float)
     return (base.wall_s + min(reaching)) / grid_cost if reaching else None
 
 
-def launches_to_tell_apart(table: Table, grid_best: float) -> dict[str, Any] | None:
+def launches_to_tell_apart(table: Table, grid_best: float, classes: Sequence[SchedulerClass] = (),
+                           judged: Table | None = None) -> dict[str, Any] | None:
     """How many launches of each a search needs to tell the grid's best from the best point below
     DONE_TARGET x it: n = 2 (z sd / gap)^2 (z = TELL_APART_Z) makes the better config's mean over n
     launches come out above the other's 9 times in 10, with sd the launches' spread within a
-    config (pooled over the configs launched more than once, normal noise assumed). What one
-    launch per config can resolve on this grid; None without repeated configs or such a point."""
-    groups = [[run.score if run.feasible else 0.0 for run in p.launches]
-              for p in table.points if len(p.launches) >= 2]
-    below = [p.score for p in table.grid_points() if p.feasible and p.score < DONE_TARGET * grid_best]
+    config (normal noise assumed), pooled over every config launched more than once: a point
+    measured again (repeats), and each of `classes` (points of `table`, judged per point, that
+    ran as one scheduler config: `one_scheduler_config`) with all its members' launches. What
+    one launch per config can resolve on this grid; None without repeated configs or such a point.
+    `judged` (default `table`): the table whose scores the grid's best and the point below come from."""
+    by_label = {p.label: p for p in table.points}
+    grouped = {label for c in classes for label in c.labels}
+    launch_sets = [[run for label in c.labels for run in (by_label[label].launches or [by_label[label]])]
+                   for c in classes]
+    launch_sets += [p.launches for p in table.points if len(p.launches) >= 2 and p.label not in grouped]
+    groups = [[run.score if run.feasible else 0.0 for run in runs] for runs in launch_sets]
+    below = [p.score for p in (judged or table).grid_points() if p.feasible and p.score < DONE_TARGET * grid_best]
     if not groups or not below:
         return None
     freedom = sum(len(g) - 1 for g in groups)
     sd = math.sqrt(sum(float(np.sum((np.array(g) - np.mean(g)) ** 2)) for g in groups) / freedom)
     gap = grid_best - max(below)
     return {"pooled_sd": sd, "configs": len(groups), "launches": sum(len(g) for g in groups),
-            "gap": gap, "below": max(below), "z": TELL_APART_Z,
+            "scheduler_configs": len(classes), "gap": gap, "below": max(below), "z": TELL_APART_Z,
             "launches_per_config": math.ceil(2 * (TELL_APART_Z * sd / gap) ** 2)}

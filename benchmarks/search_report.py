@@ -216,7 +216,9 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
                       f"**{apart['launches_per_config']} launches of each** (for their means to order them right "
                       f"9 times in 10): one config's "
                       f"launches spread by {apart['pooled_sd']:.2g} req/s (SD within a config, pooled over "
-                      f"the {apart['configs']} configs launched more than once, {apart['launches']} launches). "
+                      f"the {apart['configs']} configs launched more than once, {apart['launches']} launches"
+                      + (f"; {apart['scheduler_configs']} of them several grid points that ran as one scheduler config"
+                         if apart.get("scheduler_configs") else "") + "). "
                       "With one launch each, any search tells them apart only by chance.", ""]
         if base and base["feasible"] and base["score"] >= DONE_TARGET * g["best_score"]:
             lines += [f"**vLLM's defaults alone reach {DONE_TARGET:g}x the grid's best** "

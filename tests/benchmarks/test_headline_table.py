@@ -97,3 +97,28 @@ def test_a_grid_with_fp8_points_gives_its_best_without_and_with_fp8(tmp_path: Pa
     assert round(table["grid's best with fp8"]["tuning"][0], 1) == 36.2
     assert table["grid's best with fp8"]["what"].endswith("max_num_batched_tokens=1024, quantization=fp8")
     assert table["grid's best with fp8"]["gpu_s"] == pytest.approx(16 * 60.0)  # every point's launch
+
+
+def test_the_conversation_grid_says_what_its_launches_support_beside_its_single_best(tmp_path: Path) -> None:
+    # results/h200-2026-12-03/conv/README.md: the single-launch bests 21.1 (s512-b1024) and 36.2
+    # (s1024-b1024-fp8) each share a scheduler config with a point launched at 18.5 and 22.2
+    # (max_num_seqs never bound); as one config the bests are 19.8 and 32.0, which the tuned
+    # runs' tuning-window capacities (19.4, 32.0) sit at 0.98x and 1.00x of.
+    grid = ROOT / "benchmarks" / "data" / "h200-2026-12-03" / "conv" / "grid"
+    table = rows(tmp_path, "--grid", str(grid), "--tuned", str(ROOT / "results" / "h200-2026-12-02" / "conv" / "tuned"),
+                 "--fp8", str(FP8))
+    assert [round(v, 1) for v in table["grid's best without fp8"]["tuning"]] == [21.1]
+    assert [round(v, 1) for v in table["grid's best with fp8"]["tuning"]] == [36.2]
+    plain = table["grid's best without fp8, as one scheduler config"]
+    assert sorted(round(v, 1) for v in plain["tuning"]) == [18.5, 21.1]
+    assert plain["what"] == "max_num_seqs never bound, max_num_batched_tokens=1024"
+    fp8 = table["grid's best with fp8, as one scheduler config"]
+    assert [round(v, 1) for v in fp8["tuning"]] == [32.0, 32.0]
+    assert round(table["tuned (--allow fp8)"]["tuning"][0], 1) == 32.0
+
+
+def test_a_grid_whose_points_all_ran_apart_has_no_scheduler_config_rows(tmp_path: Path) -> None:
+    from tests.benchmarks.test_search_quantization import write_table
+
+    table = rows(tmp_path, "--grid", str(write_table(tmp_path / "grid")))  # no server metrics: kept apart
+    assert "grid's best with fp8" in table and not [name for name in table if "scheduler config" in name]

@@ -416,6 +416,13 @@ def test_points_whose_sequence_cap_never_bound_are_judged_as_one_scheduler_confi
     report = search_report.tables({"grid": result}, 2)
     assert "**One scheduler config:** s8-b1024, s16-b1024 (batched 1024)" in report
     assert "The same done-when for ours, judged as one scheduler config" in report
+    # Their two launches (5, 8) are one config's spread, SD 2.12: no point was measured twice,
+    # yet telling the peak (10) from the best point under 0.95x it (8, per point) takes
+    # 2 (1.28 x 2.12 / 2)^2 = 3.7, so 4 launches of each, not "none to know".
+    apart = result["launches_to_tell_apart"]
+    assert apart["pooled_sd"] == pytest.approx(2.1213, abs=1e-3) and apart["below"] == 8.0
+    assert apart["launches_per_config"] == 4 and apart["scheduler_configs"] == 1
+    assert "**4 launches of each**" in report and "1 of them several grid points that ran as one scheduler config" in report
     as_one = search_replay.replay_table(table, tmp_path / "grid", seeds=[0, 1], default_trials=6, as_one=True)
     assert {p["label"]: p["score"] for p in as_one["table"]}["s8-b1024"] == 6.5
     assert as_one["done_when_judged_otherwise"]["judge"] == "per config"
