@@ -21,17 +21,17 @@ Usage: python benchmarks/headline_table.py --grid RUN/grid --tuned RUN/tuned --f
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.measure.trial import TrialOutcome  # noqa: E402
 from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
 from benchmarks.search_table import (  # noqa: E402
     Point,
@@ -41,9 +41,10 @@ from benchmarks.search_table import (  # noqa: E402
     one_scheduler_config,
     pooled,
     table_trace,
+    validation_line,
 )
 from server.config import ConfigError, ServerConfig  # noqa: E402
-from workloads.errors import OneLineErrorParser
+from workloads.errors import OneLineErrorParser, VllmAutotuneError  # noqa: E402
 from workloads.profile import profile_trace  # noqa: E402
 from workloads.trace_io import load_trace  # noqa: E402
 
@@ -67,6 +68,45 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+class GateMeasurement(BaseModel):
+    """One launch of the gate (best.yaml provenance `validation[*]`): capacity in req/s."""
+
+    candidate: str
+    repeat: int = Field(ge=0)
+    value: float = Field(ge=0, allow_inf_nan=False)
+
+
+class _Decision(BaseModel):
+    emitted: str
+    overrides: dict[str, Any] | None = None
+
+
+class _Window(BaseModel):
+    start_s: float
+
+
+class _Workload(BaseModel):
+    fingerprint: str
+    tuning_window: _Window
+
+
+class _StudyTimes(BaseModel):
+    search_wall_s: float = Field(ge=0)
+    validation_wall_s: float = Field(ge=0)
+
+
+class RunProvenance(BaseModel):
+    """The fields of best.yaml's `additional-config.vllm_autotune.provenance` the table reads
+    (autotune writes more)."""
+
+    decision: _Decision
+    workload: _Workload
+    slos: list[str]
+    command_line: str
+    validation: list[GateMeasurement] = Field(min_length=1)
+    study: _StudyTimes
+
+
 class TunedRun(BaseModel):
     """What one `autotune run` output dir says (best.yaml's provenance)."""
 
@@ -77,19 +117,21 @@ class TunedRun(BaseModel):
     allow_fp8: bool  # run with --allow fp8
     emitted: str
     overrides: dict[str, Any]
-    measurements: list[dict[str, Any]]
+    measurements: list[GateMeasurement]
     search_wall_s: float
     gate_wall_s: float
     tuning_capacity: float | None  # the emitted trial's, on the tuning window
 
     def held_out(self, candidate: str) -> list[float]:
-        return [m["value"] for m in sorted(self.measurements, key=lambda m: m["repeat"])
-                if m["candidate"] == candidate]
+        return [m.value for m in sorted(self.measurements, key=lambda m: m.repeat) if m.candidate == candidate]
+
+
+PROVENANCE = "additional-config.vllm_autotune.provenance"
 
 
 def read_run(out_dir: Path) -> TunedRun:
-    """The run's provenance; SystemExit (one line naming the file) when out_dir is not a
-    finished `autotune run` output dir."""
+    """The run's provenance; SystemExit (one line naming the file, the field and the value) when
+    out_dir is not a finished `autotune run` output dir."""
     path = out_dir / "best.yaml"
     if not out_dir.is_dir():
         raise SystemExit(f"{out_dir}: no such folder (give an `autotune run --output-dir`)")
@@ -101,29 +143,37 @@ def read_run(out_dir: Path) -> TunedRun:
     except ConfigError as error:
         raise SystemExit(f"{path}: not a finished run's best.yaml ({error})") from None
     if provenance is None:
-        raise SystemExit(f"{path}: not a finished run's best.yaml (no additional-config.vllm_autotune."
-                         f"provenance); give an `autotune run --output-dir`")
+        raise SystemExit(f"{path}: not a finished run's best.yaml (no {PROVENANCE}); "
+                         "give an `autotune run --output-dir`")
     try:
-        decision, workload = provenance["decision"], provenance["workload"]
-        emitted = decision["emitted"]
-        trial = "trial-0000" if emitted == "baseline" else emitted
-        outcome = out_dir / "trials" / trial / "outcome.json"
-        capacity = json.loads(outcome.read_text()).get("capacity") if outcome.is_file() else None
-        return TunedRun(
-            source=str(path), fingerprint=workload["fingerprint"], slos=list(provenance["slos"]),
-            tuning_start_s=float(workload["tuning_window"]["start_s"]),
-            allow_fp8=any(flag in str(provenance["command_line"]) for flag in (" --allow fp8", " --allow=fp8")),
-            emitted=emitted,
-            overrides={k: v for k, v in (decision.get("overrides") or {}).items() if v is not None},
-            measurements=provenance["validation"],
-            search_wall_s=provenance["study"]["search_wall_s"],
-            gate_wall_s=provenance["study"]["validation_wall_s"],
-            tuning_capacity=(capacity or {}).get("capacity_rps"),
-        )
-    except (KeyError, TypeError, ValueError, ValidationError) as error:
-        problem = " ".join(str(error).split())[:80]  # one line, whatever the exception held
-        raise SystemExit(f"{path}: not a finished run's best.yaml (its vllm_autotune provenance "
-                         f"lacks {problem}); give an `autotune run --output-dir`") from None
+        run = RunProvenance.model_validate(provenance)
+    except ValidationError as error:
+        raise SystemExit(f"{path}: not a finished run's best.yaml: "
+                         f"{PROVENANCE}.{validation_line(error, provenance)}") from None
+    emitted = run.decision.emitted
+    if emitted not in {m.candidate for m in run.validation}:
+        raise SystemExit(f"{path}: {PROVENANCE}.decision.emitted: {emitted!r} is not a candidate the gate "
+                         f"measured ({', '.join(sorted({m.candidate for m in run.validation}))})")
+    trial = "trial-0000" if emitted == "baseline" else emitted
+    outcome = out_dir / "trials" / trial / "outcome.json"
+    if not outcome.is_file():
+        raise SystemExit(f"{outcome}: not found (the emitted trial's outcome: its capacity on the tuning window)")
+    try:
+        capacity = TrialOutcome.model_validate_json(outcome.read_text()).capacity
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{outcome}: unreadable: {error}") from None
+    except ValidationError as error:
+        raise SystemExit(f"{outcome}: {validation_line(error, None)} (the emitted trial's outcome)") from None
+    return TunedRun(
+        source=str(path), fingerprint=run.workload.fingerprint, slos=run.slos,
+        tuning_start_s=run.workload.tuning_window.start_s,
+        allow_fp8=any(flag in run.command_line for flag in (" --allow fp8", " --allow=fp8")),
+        emitted=emitted,
+        overrides={k: v for k, v in (run.decision.overrides or {}).items() if v is not None},
+        measurements=run.validation, search_wall_s=run.study.search_wall_s,
+        gate_wall_s=run.study.validation_wall_s,
+        tuning_capacity=capacity.capacity_rps if capacity is not None else None,
+    )
 
 
 def read_grid(folder: Path) -> tuple[Table, str]:
@@ -261,6 +311,10 @@ def markdown(rows: list[Row]) -> str:
             f"| {row.config} | {row.what} | {_span(row.held_out)} | {versus} "
             f"| {_span(row.tuning)} | {_ratio(median(row.tuning), row.grid_best)} "
             f"| {'-' if row.gpu_s is None else f'{row.gpu_s:.0f}'} |")
+    if any(row.grid_best for row in rows):
+        lines += ["", "vs grid's best, on the tuning window: the default-space run against the grid's best "
+                  "without fp8; every other row against the grid's best overall, single launches, or judged "
+                  "as one scheduler config for the rows so named."]
     return "\n".join(lines) + "\n"
 
 
@@ -273,11 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.grid or args.tuned or args.fp8):
         parser.error("give at least one of --grid, --tuned, --fp8")
-    if args.out is not None and (args.out.suffix != ".md" or args.out.is_dir()):
-        raise SystemExit(f"--out {args.out}: give a .md file to write (its .json twin goes beside it)")
-    grid = read_grid(args.grid) if args.grid is not None else None
-    tuned = read_run(args.tuned) if args.tuned else None
-    fp8 = read_run(args.fp8) if args.fp8 else None
+    if args.out is not None and (args.out.suffix != ".md" or args.out.is_dir()
+                                 or args.out.with_suffix(".json").is_dir() or not args.out.parent.is_dir()):
+        raise SystemExit(f"--out {args.out}: give a .md file to write in an existing folder (its .json "
+                         "twin goes beside it)")
+    try:
+        grid = read_grid(args.grid) if args.grid is not None else None
+        tuned = read_run(args.tuned) if args.tuned else None
+        fp8 = read_run(args.fp8) if args.fp8 else None
+    except VllmAutotuneError as error:  # a damaged trace copy, a config that does not parse
+        raise SystemExit(str(error)) from None
     check_one_scenario(grid, tuned, fp8)
     rows = build_rows(grid[0] if grid else None, tuned, fp8)
     text = markdown(rows)

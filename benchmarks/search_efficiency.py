@@ -75,7 +75,7 @@ from benchmarks.search_measure import (
 )
 from benchmarks.search_report import replay
 from benchmarks.search_table import QUANTIZATIONS, default_table
-from workloads.errors import OneLineErrorParser
+from workloads.errors import OneLineErrorParser, VllmAutotuneError
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -160,7 +160,11 @@ def main() -> int:
         args.seqs, args.batched = args.seqs or quick_or_full[0], args.batched or quick_or_full[1]
         args.table = args.table or str(default_table(args.objective, args.quick))
         return measure(args)
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: at least 1")
     args.seeds = args.seeds or (5 if args.quick else 20)
+    if args.tables is not None and len(set(args.tables)) < len(args.tables):
+        parser.error("--table: a table given twice (each is replayed once)")
     if args.tables is None:
         candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
         if not args.quick:  # the GPU grids the headline runs measured (DATA/h100-DATE/SCENARIO/grid, h200-...)
@@ -168,7 +172,10 @@ def main() -> int:
         args.tables = [str(c) for c in candidates if (c / "table.json").exists()]
         if not args.tables:
             raise SystemExit("no measured table: run `measure` first")
-    return replay(args)
+    try:
+        return replay(args)
+    except VllmAutotuneError as error:  # a damaged trace copy beside a table
+        raise SystemExit(str(error)) from None
 
 
 if __name__ == "__main__":

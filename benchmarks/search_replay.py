@@ -27,7 +27,9 @@ from benchmarks.search_table import (
     draw,
     load_repeats,
     one_scheduler_config,
+    point_label,
     pooled,
+    read_outcome,
     table_trace,
 )
 
@@ -64,13 +66,11 @@ class TableRunner:
         self.calls: list[Point] = []  # the launches answered, in order
 
     def run(self, config, window, trial_dir, *, should_prune=None, start_speedup=None):
-        from autotune.measure.trial import TrialOutcome
-
         point = self.table.lookup(config.engine, self.defaults)
         point = draw(point, self.rng)
         self.calls.append(point)
         self.clock.now += point.wall_s
-        outcome = TrialOutcome.model_validate_json(point.outcome_path().read_text())
+        outcome = read_outcome(point)
         if outcome.capacity is not None:
             Path(trial_dir).mkdir(parents=True, exist_ok=True)
             (Path(trial_dir) / "ladder.json").write_text(outcome.capacity.model_dump_json())
@@ -281,9 +281,11 @@ def replay_table(table: Table, table_dir: Path, seeds: Sequence[int], default_tr
     launches. Where points ran as one scheduler config (`one_scheduler_config`), ours at its
     defaults is also judged the other way: with them judged as one, or (`as_one`: every strategy
     judged so) each on its own launches."""
+    check_powers_of_two(table.settings)  # before the missing points: a grid off the space lacks none of its own
     missing = table.missing()
     if missing:
-        raise SystemExit(f"the table lacks {len(missing)} grid points (e.g. {missing[0]}); run `measure` first")
+        raise SystemExit(f"{table_dir / 'table.json'}: the table lacks {len(missing)} of its grid's points "
+                         f"(e.g. {point_label(*missing[0])}); run `measure` first")
     table = pooled(table, load_repeats(table, table_dir))
     merged, classes = one_scheduler_config(table)
     table, other = (merged, table) if as_one else (table, merged)

@@ -190,7 +190,7 @@ def tables(grids: dict[str, Any], seeds: int) -> str:
             later = sorted(p["measured_at"] for p in grid["table"] if p["measured_at"] > earlier["last_measured_at"])
             lines += ["", f"Measured in parts: {earlier['points']} points on the grid {axes(earlier['grid'])} "
                           f"until {earlier['last_measured_at']}; the grid was then extended and "
-                          f"{len(later)} points measured from {later[0] if later else '-'} (the table takes points "
+                          f"{len(later)} points measured, the first done at {later[0] if later else '-'} (the table takes points "
                           "only with the same model, trace window, SLOs and ladder; the baseline was not "
                           "measured again: the new points' ladders start at its capacity)."]
         load, lag = grid["conditions"]["load_1min_before"], grid["conditions"]["send_lag_p99_ms"]

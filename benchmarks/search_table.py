@@ -6,18 +6,22 @@ table was measured under. `measure` writes tables, `replay` reads them."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
+    PositiveInt,
     SerializerFunctionWrapHandler,
     ValidationError,
     model_serializer,
+    model_validator,
 )
 
 from benchmarks.benchlib import DATA, ROOT, spread
@@ -46,6 +50,9 @@ def grid_quantizations(grid: dict[str, Any]) -> list[str | None]:
     return [None if q == "none" else q for q in QUANTIZATIONS if q in values]
 
 
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a measured rate or cost
+
+
 class Point(BaseModel):
     """One measured grid point (or the baseline) in TABLE/table.json."""
 
@@ -57,7 +64,7 @@ class Point(BaseModel):
     ok: bool
     failure: str | None
     failure_detail: str | None
-    score: float  # the table's objective: goodput or capacity, req/s (0 when the run failed)
+    score: NonNegative  # the table's objective: goodput or capacity, req/s (0 when the run failed)
     # What the study counts as feasible: goodput: ran and met every SLO; capacity: carried some
     # load with every SLO met (capacity > 0; the SLOs are inside the number).
     feasible: bool
@@ -65,7 +72,7 @@ class Point(BaseModel):
     throughput: float | None
     completed: int | None
     failed: int | None
-    wall_s: float  # what the trial cost, start to stop, wall clock
+    wall_s: NonNegative  # what the trial cost, start to stop, wall clock
     timing: dict[str, float] | None  # TrialTiming
     load_1min_before: float
     other_engine_share: float = 0.0  # share of the trial another user's vLLM engine ran
@@ -81,7 +88,15 @@ class Point(BaseModel):
     # A pooled point (a table with repeats.json): every launch of this config, the table's own
     # first; `score` is then their median (a failed launch counts 0), `wall_s` their mean cost.
     launches: list[Point] = []
-    quantization: str | None = None  # the `quantization` engine argument; None: vLLM's default
+    quantization: Literal["fp8"] | None = None  # the `quantization` engine argument; None: vLLM's default
+
+    @model_validator(mode="after")
+    def _effective_knobs(self) -> Point:
+        for knob in ("max_num_seqs", "max_num_batched_tokens"):
+            value = self.effective.get(knob)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"effective.{knob} is {value!r}: a positive integer (what the engine ran with)")
+        return self
 
     @model_serializer(mode="wrap")
     def _leave_out_default_weights(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -100,6 +115,36 @@ class Point(BaseModel):
     def outcome_path(self) -> Path:
         folder = Path(self.trial_dir)
         return (folder if folder.is_absolute() else ROOT / folder) / "outcome.json"
+
+
+class GridAxes(BaseModel):
+    """settings.grid: the axes a table's points span."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_num_seqs: list[PositiveInt] = Field(min_length=1)
+    max_num_batched_tokens: list[PositiveInt] = Field(min_length=1)
+    quantization: list[Literal["none", "fp8"]] = Field(default=["none"], min_length=1)
+
+
+class TableSettings(BaseModel):
+    """The conditions in TABLE/table.json's settings every reader relies on (the rest are
+    descriptive or checked where used): checked once, when the table is loaded."""
+
+    model_config = ConfigDict(extra="allow")
+    trace: str
+    grid: GridAxes
+    objective: Literal["capacity", "goodput"]
+    slos: list[str]
+    window_start_s: float
+    ladder: dict[str, Any] | None = None  # capacity tables: the ladder's settings
+
+    @model_validator(mode="after")
+    def _capacity_has_its_ladder(self) -> TableSettings:
+        if self.objective == "capacity" and self.ladder is None:
+            raise ValueError("ladder: missing: a capacity table records its ladder's settings")
+        if self.objective == "goodput" and not isinstance(getattr(self, "window_rate_rps", None), (int, float)):
+            raise ValueError("window_rate_rps: missing: a goodput table records its window's rate")
+        return self
 
 
 class Table(BaseModel):
@@ -155,19 +200,59 @@ class Table(BaseModel):
 def load_table(table_dir: Path) -> Table:
     """The table; points measured on another host (a GPU's run folder) read their trial folders
     from beside the table, where the run folder was copied. SystemExit (one line naming the
-    file) where the folder holds no table."""
+    file, the field, the value and the rule) where the folder holds no table or a damaged one."""
     path = table_dir / "table.json"
     if not path.is_file():
         raise SystemExit(f"{path}: not found (give a `search_efficiency.py measure --table` folder)")
     try:
-        table = Table.model_validate_json(path.read_text())
+        text = path.read_text()
+        raw = json.loads(text)
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{path}: unreadable: {error}") from None
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"{path}: file: Invalid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    try:
+        table = Table.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
+        raise SystemExit(f"{path}: {validation_line(error, raw)}") from None
+    try:
+        TableSettings.model_validate(table.settings)
+    except ValidationError as error:
+        line = validation_line(error, table.settings)
+        raise SystemExit(f"{path}: settings" + (line.removeprefix("file") if line.startswith("file:") else f".{line}")) from None
+    seen: dict[Key, str] = {}
+    for point in table.points:
+        if point.key in seen:
+            raise SystemExit(f"{path}: points: {seen[point.key]} and {point.label} are the same config "
+                             f"({point.key}): a table holds one launch of each (more go in repeats.json)")
+        seen[point.key] = point.label
+    baselines = [p.label for p in table.points if p.baseline]
+    if len(baselines) > 1:
+        raise SystemExit(f"{path}: points: {len(baselines)} marked baseline ({', '.join(baselines)}): one at most")
     for point in table.points:
         if not point.outcome_path().exists() and (table_dir / "trials" / Path(point.trial_dir).name).is_dir():
             point.trial_dir = str(table_dir / "trials" / Path(point.trial_dir).name)
     return table
+
+
+def validation_line(error: ValidationError, raw: Any) -> str:
+    """A pydantic error as one line: the field's path (a point named by its label), the rule and
+    the value given."""
+    first = error.errors()[0]
+    parts, node = [], raw
+    for part in first["loc"]:
+        node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
+        label = node.get("label") if isinstance(node, dict) and isinstance(part, int) else None
+        parts.append(f"{part} ({label})" if isinstance(label, str) else str(part))
+    where = ".".join(parts) or "file"
+    given = first.get("input")
+    quiet = isinstance(given, (dict, list)) or first["type"] in ("missing", "json_invalid", "value_error")
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" + ("" if quiet else f" (got {given!r})")
+
+
+def _has(node: dict | list, part: Any) -> bool:
+    return part in node if isinstance(node, dict) else isinstance(part, int) and 0 <= part < len(node)
 
 
 def table_trace(table: Table, table_dir: Path) -> Path:
@@ -205,12 +290,18 @@ def load_repeats(table: Table, table_dir: Path) -> list[Table]:
         return []
     try:
         spec = RepeatsFile.model_validate_json(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{path}: unreadable: {error}") from None
     except ValidationError as error:
         first = error.errors()[0]
         raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
     repeats = []
     points = table.by_key()
+    if len(set(spec.tables)) < len(spec.tables):
+        raise SystemExit(f"{path}: tables: a table named twice: each repeat's launches count once")
     for folder in spec.tables:
+        if (table_dir / folder).resolve() == table_dir.resolve():
+            raise SystemExit(f"{path}: tables: {folder} is this table itself: name the tables that measured it again")
         if not (table_dir / folder / "table.json").exists():
             raise SystemExit(f"{path}: tables: {folder}: no table.json there")
         other = load_table(table_dir / folder)
@@ -290,10 +381,24 @@ def cap_idle(ladder: Any, seqs: int) -> bool:
 def launch_capacity(point: Point):
     """A launch's capacity ladder (autotune.measure.ladder.CapacityResult), None when its
     outcome is not at hand."""
+    return read_outcome(point).capacity if point.outcome_path().exists() else None
+
+
+def read_outcome(point: Point):
+    """A point's trial outcome (autotune.measure.trial.TrialOutcome); SystemExit (one line naming
+    the file, the field and the value) where it is missing or damaged."""
     from autotune.measure.trial import TrialOutcome
 
     path = point.outcome_path()
-    return TrialOutcome.model_validate_json(path.read_text()).capacity if path.exists() else None
+    try:
+        return TrialOutcome.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: not found ({point.label}'s trial outcome, in the trial folder "
+                         "table.json names)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"{path}: unreadable: {error}") from None
+    except ValidationError as error:
+        raise SystemExit(f"{path}: {validation_line(error, None)} ({point.label}'s trial outcome)") from None
 
 
 def one_scheduler_config(table: Table) -> tuple[Table, list[SchedulerClass]]:

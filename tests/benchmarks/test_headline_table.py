@@ -74,7 +74,10 @@ def test_a_file_that_is_not_a_runs_best_yaml_is_named_in_one_line(best_yaml: str
 
 
 @pytest.mark.parametrize("table_json, says", [("", "file: Invalid JSON"), ("{}", "settings: Field required"),
-                                              ('{"settings": {"grid": {}}, "points": []}', "no measured point")])
+                                              ('{"settings": {"grid": {}}, "points": []}', "settings.trace: Field required"),
+                                              ('{"settings": {"trace": "t.jsonl", "grid": {"max_num_seqs": [8], '
+                                               '"max_num_batched_tokens": [512]}, "objective": "capacity", "slos": [], '
+                                               '"window_start_s": 0, "ladder": {}}, "points": []}', "no measured point")])
 def test_a_grid_folder_without_a_measured_table_is_named_in_one_line(table_json: str, says: str,
                                                                      tmp_path: Path) -> None:
     (tmp_path / "table.json").write_text(table_json)

@@ -241,7 +241,8 @@ def test_a_shard_is_written_k_slash_n_and_anything_else_is_named() -> None:
 
 def test_shards_storing_points_at_once_lose_none(table, tmp_path) -> None:
     # Four real processes add 15 points each to one table.json at the same time, as the shards
-    # of a multi-GPU grid do: every point of every process is in the table afterwards.
+    # of a multi-GPU grid do: every point of every process is in the table afterwards (each its
+    # own config: a table holds one launch of a config).
     import subprocess
     import sys
 
@@ -253,7 +254,8 @@ def test_shards_storing_points_at_once_lose_none(table, tmp_path) -> None:
         "from benchmarks.search_measure import store_point; from benchmarks.search_table import Point, load_table; "
         "folder = Path(sys.argv[1]); template = Point.model_validate_json(Path(sys.argv[2]).read_text()); "
         "settings = load_table(folder).settings; "
-        "[store_point(folder / 'table.json', settings, template.model_copy(update={'label': f'{sys.argv[3]}-{i}'})) "
+        "[store_point(folder / 'table.json', settings, template.model_copy(update={'label': f'{sys.argv[3]}-{i}', "
+        "'effective': {**template.effective, 'max_num_seqs': 1000 * (int(sys.argv[3][5:]) + 1) + i}})) "
         "for i in range(15)]"
     )
     # Run from the repository's root: `python -c` finds the benchmarks package there.
@@ -309,7 +311,7 @@ def test_extending_a_grid_keeps_its_points_and_the_report_says_it_was_measured_i
     assert result["grid"]["points"] == 12 and result["grid"]["cost_s"] == 12 * POINT_S
     markdown = search_report.tables({"grid": result}, 1)
     assert ("Measured in parts: 9 points on the grid max_num_seqs 4-16 x batched 512-2048 until "
-            "2026-11-23T00:00:00; the grid was then extended and 3 points measured from 2026-11-26T10:00:00") in markdown
+            "2026-11-23T00:00:00; the grid was then extended and 3 points measured, the first done at 2026-11-26T10:00:00") in markdown
 
 
 def write_repeat(folder: Path, table: Any, launches: list[tuple[int, int, float]], **settings: Any) -> None:
