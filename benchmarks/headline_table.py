@@ -145,6 +145,10 @@ def read_run(out_dir: Path) -> TunedRun:
     if provenance is None:
         raise SystemExit(f"{path}: not a finished run's best.yaml (no {PROVENANCE}); "
                          "give an `autotune run --output-dir`")
+    objective = provenance.get("objective")
+    if objective != "capacity":  # before the rest: a goodput run's gate has another shape
+        raise SystemExit(f"{path}: {PROVENANCE}.objective: {objective!r}: the headline table compares "
+                         "capacity (req/s); give a run with --objective capacity")
     try:
         run = RunProvenance.model_validate(provenance)
     except ValidationError as error:
@@ -182,6 +186,9 @@ def read_grid(folder: Path) -> tuple[Table, str]:
     table = load_table(folder)  # a missing or unreadable table.json: SystemExit, one line
     if not table.points:
         raise SystemExit(f"{folder / 'table.json'}: no measured point yet (run measure first)")
+    if table.objective != "capacity":
+        raise SystemExit(f"{folder / 'table.json'}: settings.objective: {table.objective!r}: the headline table "
+                         "compares capacity (req/s); give a grid measured with --objective capacity")
     trace = table_trace(table, folder)
     return pooled(table, load_repeats(table, folder)), profile_trace(load_trace(trace)).fingerprint
 

@@ -119,3 +119,11 @@ def test_a_run_whose_provenance_is_damaged_is_named_by_its_field_and_value(tmp_p
     (run / "trials" / "trial-0001" / "outcome.json").unlink()
     with pytest.raises(SystemExit, match=r"trial-0001/outcome.json: not found \(the emitted trial's outcome"):
         main(["--fp8", str(run)])
+
+
+def test_a_goodput_grid_or_run_is_refused_where_the_table_compares_capacity() -> None:
+    with pytest.raises(SystemExit, match=r"search_grid/table.json: settings.objective: 'goodput': the headline "
+                                         r"table compares capacity"):
+        main(["--grid", str(ROOT / "benchmarks" / "data" / "search_grid")])
+    with pytest.raises(SystemExit, match=r"provenance.objective: 'goodput': the headline table compares capacity"):
+        main(["--tuned", str(ROOT / "results" / "h100-2026-11-23" / "rate-105" / "study")])
