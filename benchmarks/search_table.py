@@ -230,8 +230,10 @@ def load_table(table_dir: Path) -> Table:
     if len(baselines) > 1:
         raise SystemExit(f"{path}: points: {len(baselines)} marked baseline ({', '.join(baselines)}): one at most")
     for point in table.points:
-        if not point.outcome_path().exists() and (table_dir / "trials" / Path(point.trial_dir).name).is_dir():
-            point.trial_dir = str(table_dir / "trials" / Path(point.trial_dir).name)
+        beside = table_dir.resolve() / "trials" / Path(point.trial_dir).name
+        if not point.outcome_path().exists() and beside.is_dir():
+            # Relative to the repository where it lies inside it: reports stay the same on any clone.
+            point.trial_dir = str(beside.relative_to(ROOT) if beside.is_relative_to(ROOT) else beside)
     return table
 
 
