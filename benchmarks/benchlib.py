@@ -162,10 +162,11 @@ def load_average() -> list[float]:
 class Recorder:
     """Collects the context of one benchmark run; `write()` produces NAME.json and NAME.md."""
 
-    def __init__(self, benchmark: str, title: str, mode: str):
+    def __init__(self, benchmark: str, title: str, mode: str, out_dir: Path | None = None):
         self.benchmark = benchmark
         self.title = title
         self.mode = mode
+        self.chosen_dir = out_dir  # None: results/benchmarks/ (quick/ for quick runs)
         self.started = time.monotonic()
         self.date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.load_before = load_average()
@@ -199,7 +200,9 @@ class Recorder:
     @property
     def out_dir(self) -> Path:
         """results/benchmarks/ (quick runs: results/benchmarks/quick/, so they never replace
-        the figures of a full run)."""
+        the figures of a full run), unless the run chose its own folder."""
+        if self.chosen_dir is not None:
+            return self.chosen_dir
         return RESULTS / "quick" if self.mode == "quick" else RESULTS
 
     def write(self, result: BenchmarkResult, tables: str) -> Path:
@@ -208,7 +211,7 @@ class Recorder:
         out_dir.mkdir(parents=True, exist_ok=True)
         json_path = out_dir / f"{self.benchmark}.json"
         write_text_atomic(json_path, result.model_dump_json(indent=2) + "\n")
-        folder = str(out_dir.relative_to(ROOT))
+        folder = str(out_dir.resolve().relative_to(ROOT) if out_dir.resolve().is_relative_to(ROOT) else out_dir)
         write_text_atomic(out_dir / f"{self.benchmark}.md", render_markdown(result, tables, folder))
         return json_path
 

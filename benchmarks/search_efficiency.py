@@ -41,7 +41,7 @@ by random search and by an exhaustive grid, on tabular benchmarks measured on th
    them pooled (`one_scheduler_config`; `--as-one` judges every strategy so).
 
     .venv/bin/python benchmarks/search_efficiency.py measure [--objective capacity|goodput] [--table DIR]
-    .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ...] [--seeds 20]
+    .venv/bin/python benchmarks/search_efficiency.py replay [--table DIR ... --out DIR] [--seeds 20]
 
 TABLE defaults to benchmarks/data/search_grid_capacity (goodput: benchmarks/data/search_grid;
 quick: /tmp/...). `replay` defaults to every committed table: those two and the GPU grids
@@ -150,6 +150,9 @@ def main() -> int:
                                help="a measured table folder, repeatable (default: every committed one)")
     replay_parser.add_argument("--quick", action="store_true", help="the quick tables in /tmp, 5 seeds")
     replay_parser.add_argument("--seeds", type=int, default=None, help="default 20 (quick 5)")
+    replay_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                               help="write search_efficiency.{md,json} here (default results/benchmarks/, "
+                                    "which holds every committed table's report: required with --table)")
     replay_parser.add_argument("--as-one", action="store_true",
                                help="judge every strategy with the points that ran as one scheduler config "
                                     "judged as one (default: each point on its own launches)")
@@ -165,6 +168,11 @@ def main() -> int:
     args.seeds = args.seeds or (5 if args.quick else 20)
     if args.tables is not None and len(set(args.tables)) < len(args.tables):
         parser.error("--table: a table given twice (each is replayed once)")
+    if args.tables is not None and args.out is None and not args.quick:
+        parser.error("--table replays only the tables given: give --out DIR for their report "
+                     "(results/benchmarks/search_efficiency.* is every committed table's)")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: not a folder")
     if args.tables is None:
         candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
         if not args.quick:  # the GPU grids the headline runs measured (DATA/h100-DATE/SCENARIO/grid, h200-...)

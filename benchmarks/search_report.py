@@ -18,7 +18,8 @@ def replay(args: argparse.Namespace) -> int:
     from autotune.request import DEFAULT_TRIALS
 
     recorder = Recorder("search_efficiency", "Search efficiency: our tuner vs plain TPE, random search "
-                        "and the grid, on measured grids (issue 18)", "quick" if args.quick else "full")
+                        "and the grid, on measured grids (issue 18)", "quick" if args.quick else "full",
+                        out_dir=args.out)
     seeds = list(range(args.seeds))
     grids: dict[str, Any] = {}
     for table_dir in args.tables:

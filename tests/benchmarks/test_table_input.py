@@ -97,10 +97,9 @@ def test_a_damaged_trial_outcome_or_trace_copy_names_its_file(grid: Path) -> Non
 def test_the_replay_names_a_damaged_outcome_in_one_line_as_a_real_process(grid: Path, tmp_path: Path) -> None:
     outcome = grid / "trials" / "s1024-b2048-fp8" / "outcome.json"
     outcome.write_text(json.dumps({"ok": "maybe"}))
-    copy = tmp_path / "repo"  # the replay writes results/benchmarks/: a copy keeps the committed ones
-    shutil.copytree(ROOT / "benchmarks", copy / "benchmarks", ignore=shutil.ignore_patterns("data"))
-    done = subprocess.run([sys.executable, str(copy / "benchmarks" / "search_efficiency.py"), "replay", "--seeds", "1",
-                           "--table", str(grid)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    script = ROOT / "benchmarks" / "search_efficiency.py"
+    done = subprocess.run([sys.executable, str(script), "replay", "--seeds", "1", "--table", str(grid),
+                           "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     last = [line for line in done.stderr.splitlines() if line.strip()][-1]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert last.startswith(str(outcome)) and "ok: Input should be a valid boolean" in last, last
@@ -127,3 +126,20 @@ def test_a_goodput_grid_or_run_is_refused_where_the_table_compares_capacity() ->
         main(["--grid", str(ROOT / "benchmarks" / "data" / "search_grid")])
     with pytest.raises(SystemExit, match=r"provenance.objective: 'goodput': the headline table compares capacity"):
         main(["--tuned", str(ROOT / "results" / "h100-2026-11-23" / "rate-105" / "study")])
+
+
+def test_a_replay_of_chosen_tables_writes_its_report_where_told_never_over_the_committed_one(tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "search_efficiency.py"
+    table = ROOT / "benchmarks" / "data" / "search_grid_capacity"
+    committed = (ROOT / "results" / "benchmarks" / "search_efficiency.md").read_bytes()
+    refused = subprocess.run([sys.executable, str(script), "replay", "--seeds", "1", "--table", str(table)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--table replays only the tables given: give --out DIR" in refused.stderr
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, str(script), "replay", "--seeds", "1", "--table", str(table),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "search_efficiency.md").read_text()
+    assert "## `benchmarks/data/search_grid_capacity`: capacity grid" in report
+    assert "## `benchmarks/data/h200-2026-12-03/conv/grid`" not in report  # only the table given
+    assert (ROOT / "results" / "benchmarks" / "search_efficiency.md").read_bytes() == committed
