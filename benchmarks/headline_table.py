@@ -31,7 +31,6 @@ from pydantic import BaseModel, Field, ValidationError
 if not __package__:  # run as a file: its folder is on sys.path, the repository (benchmarks.*) is not
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.measure.trial import TrialOutcome  # noqa: E402
 from benchmarks.benchlib import write_json_atomic, write_text_atomic  # noqa: E402
 from benchmarks.search_table import (  # noqa: E402
     Point,
@@ -40,6 +39,7 @@ from benchmarks.search_table import (  # noqa: E402
     load_table,
     one_scheduler_config,
     pooled,
+    read_trial_outcome,
     table_trace,
     validation_line,
 )
@@ -160,14 +160,7 @@ def read_run(out_dir: Path) -> TunedRun:
                          f"measured ({', '.join(sorted({m.candidate for m in run.validation}))})")
     trial = "trial-0000" if emitted == "baseline" else emitted
     outcome = out_dir / "trials" / trial / "outcome.json"
-    if not outcome.is_file():
-        raise SystemExit(f"{outcome}: not found (the emitted trial's outcome: its capacity on the tuning window)")
-    try:
-        capacity = TrialOutcome.model_validate_json(outcome.read_text()).capacity
-    except (OSError, UnicodeDecodeError) as error:
-        raise SystemExit(f"{outcome}: unreadable: {error}") from None
-    except ValidationError as error:
-        raise SystemExit(f"{outcome}: {validation_line(error, None)} (the emitted trial's outcome)") from None
+    capacity = read_trial_outcome(outcome, "the emitted trial's outcome: its capacity on the tuning window").capacity
     return TunedRun(
         source=str(path), fingerprint=run.workload.fingerprint, slos=run.slos,
         tuning_start_s=run.workload.tuning_window.start_s,

@@ -14,6 +14,14 @@ from benchmarks.search_replay import COST_GOAL, DONE_TARGET, SEARCH_ONLY, TARGET
 from benchmarks.search_table import QUANTIZATION_AXIS, grid_quantizations, load_table, relative_dir
 
 
+def figures(grid: dict[str, Any]) -> dict[str, Any]:
+    """A table's replay as the JSON keeps it: its figures, without the copy of the measured points
+    (the table's own table.json) and each seed's launch order (a replay gives them again)."""
+    strategies = {name: {k: v for k, v in result.items() if k != "launched"}
+                  for name, result in grid["strategies"].items()}
+    return {k: v for k, v in grid.items() if k != "table"} | {"strategies": strategies}
+
+
 def replay(args: argparse.Namespace) -> int:
     from autotune.request import DEFAULT_TRIALS
 
@@ -119,7 +127,7 @@ def replay(args: argparse.Namespace) -> int:
         settings={"seeds": len(seeds), "targets": list(TARGETS), "cost_goal": COST_GOAL,
                   "default_trials": DEFAULT_TRIALS, "tables": list(grids)},
         goals=goals,
-        results={"grids": grids},
+        results={"grids": {name: figures(grid) for name, grid in grids.items()}},
         notes=notes,
     )
     recorder.write(result, tables(grids, len(seeds)))

@@ -205,8 +205,7 @@ def load_table(table_dir: Path) -> Table:
     if not path.is_file():
         raise SystemExit(f"{path}: not found (give a `search_efficiency.py measure --table` folder)")
     try:
-        text = path.read_text()
-        raw = json.loads(text)
+        raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as error:
         raise SystemExit(f"{path}: unreadable: {error}") from None
     except json.JSONDecodeError as error:
@@ -295,8 +294,7 @@ def load_repeats(table: Table, table_dir: Path) -> list[Table]:
     except (OSError, UnicodeDecodeError) as error:
         raise SystemExit(f"{path}: unreadable: {error}") from None
     except ValidationError as error:
-        first = error.errors()[0]
-        raise SystemExit(f"{path}: {'.'.join(str(x) for x in first['loc']) or 'file'}: {first['msg']}") from None
+        raise SystemExit(f"{path}: {validation_line(error, None)}") from None
     repeats = []
     points = table.by_key()
     if len(set(spec.tables)) < len(spec.tables):
@@ -387,20 +385,24 @@ def launch_capacity(point: Point):
 
 
 def read_outcome(point: Point):
-    """A point's trial outcome (autotune.measure.trial.TrialOutcome); SystemExit (one line naming
-    the file, the field and the value) where it is missing or damaged."""
+    """A point's trial outcome (autotune.measure.trial.TrialOutcome); SystemExit (one line) where
+    it is missing or damaged (`read_trial_outcome`)."""
+    return read_trial_outcome(point.outcome_path(), f"{point.label}'s trial outcome")
+
+
+def read_trial_outcome(path: Path, what: str):
+    """The trial outcome at `path` (autotune.measure.trial.TrialOutcome); SystemExit (one line
+    naming the file, the field, the value and `what` the file is) where it is missing or damaged."""
     from autotune.measure.trial import TrialOutcome
 
-    path = point.outcome_path()
     try:
         return TrialOutcome.model_validate_json(path.read_text())
     except FileNotFoundError:
-        raise SystemExit(f"{path}: not found ({point.label}'s trial outcome, in the trial folder "
-                         "table.json names)") from None
+        raise SystemExit(f"{path}: not found ({what})") from None
     except (OSError, UnicodeDecodeError) as error:
         raise SystemExit(f"{path}: unreadable: {error}") from None
     except ValidationError as error:
-        raise SystemExit(f"{path}: {validation_line(error, None)} ({point.label}'s trial outcome)") from None
+        raise SystemExit(f"{path}: {validation_line(error, None)} ({what})") from None
 
 
 def one_scheduler_config(table: Table) -> tuple[Table, list[SchedulerClass]]:
