@@ -13,7 +13,7 @@
 #                API processes (one front end cannot offer this rate: results/h100-2026-11-23)
 # Pieces:
 #   grid    max_num_seqs x max_num_batched_tokens x quantization {none, fp8} (every power of two
-#           between an axis' ends: the search replay samples the grid), 16-18 points with
+#           between an axis' ends: the search replay samples the grid), 8-18 points with
 #           vLLM's defaults among them, one launch each on the tuning window `autotune run`
 #           searches; then the defaults twice more (RUN_DIR/grid-repeat-K, RUN_DIR/grid/repeats.json)
 #           so the table carries their noise. ~1.5-2 min a point on an H200: MAX_POINTS=N stops
@@ -44,9 +44,12 @@ case "$scenario" in
     model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=1000 tpot_p95_ms=25)
     seqs=512,1024; batched=1024,2048,4096,8192; server=()
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_conv_2023.csv" "$run/traffic.jsonl" ;;
+  # max_num_seqs only at vLLM's 1024: outputs p50 13 tokens keep few sequences running, and
+  # 512 read the same as 1024 at every chunk budget (results/h200-2026-11-25, 8-point grid),
+  # so the points go to the chunk budget and fp8, the levers of a prefill-bound scenario.
   code)
     model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
-    seqs=512,1024; batched=1024,2048,4096,8192; server=()
+    seqs=1024; batched=1024,2048,4096,8192; server=()
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_code_2023.csv" "$run/traffic.jsonl" ;;
   translation)
     model=qwen2-1.5b-shape; context=4096; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
