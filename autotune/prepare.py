@@ -294,12 +294,14 @@ def ladder_settings(request: TuningRequest, accelerator: str, slos: Sequence[SLO
         overrides["step_requests"] = request.step_requests
     if request.max_speedup is not None:
         overrides["max_speedup"] = request.max_speedup
+    if request.max_silence_s is not None:
+        overrides["max_silence_s"] = request.max_silence_s or None  # 0: silences kept whole
     try:
         settings = LadderSettings.for_accelerator(accelerator, **overrides)
     except ValueError as error:
         first = error.errors()[0]  # type: ignore[attr-defined]
         flag = {"step_requests": "--step-requests", "resolution": "--ladder-resolution",
-                "max_speedup": "--max-speedup"}.get(str(first["loc"][0]), str(first["loc"][0]))
+                "max_speedup": "--max-speedup", "max_silence_s": "--max-silence"}.get(str(first["loc"][0]), str(first["loc"][0]))
         raise AutotuneError(f"{flag} {first['input']}: {first['msg']}") from None
     if settings.step_requests < needed:
         settings = settings.model_copy(update={"step_requests": needed})

@@ -74,6 +74,11 @@ class MeasurementOptions(BaseModel):
     ladder_resolution: Annotated[float, Flag(
         "ladder", "capacity ladder: stop bisecting when the failing rate is within this "
         "fraction of the passing one", metavar="R")] = DEFAULT_LADDER_RESOLUTION
+    max_silence_s: Annotated[float | None, Flag(
+        "ladder", "capacity ladder: a silence between arrivals longer than S seconds (at the "
+        "step's speed) is cut to S, the step still credited at its uncut rate; a failing step "
+        "whose cut silence ended with requests in flight is run again uncut; 0: replay "
+        "silences whole (default: 5)", name="--max-silence", metavar="S")] = None
     max_speedup: Annotated[float | None, Flag(
         "ladder", "capacity ladder: the highest rate tried, as a multiple of the recorded rate; "
         "a config that meets every SLO there is reported as carrying at least X (default: 256)",

@@ -9,7 +9,11 @@ ladder looks for the cliff itself:
    whose rate, then burstiness and lengths, are closest to the window's, its recorded
    arrival pattern compressed by the speed-up (`autotune.measure.step_load.step_trace`). A
    step holds at least `step_requests` requests and lasts at least `min_step_s`; the plan
-   raises `step_requests` to what the SLOs' percentiles need (`requests_for_slos`).
+   raises `step_requests` to what the SLOs' percentiles need (`requests_for_slos`). A
+   silence in the step's schedule longer than `max_silence_s` is cut to it: the server
+   idles through it either way, so only the step's length changes; the step is credited at
+   its uncut schedule's rate, and a failing step whose cut silence ended with requests in
+   flight is run again with its silences whole (`step_load.cut_silences`).
 2. Search: geometric steps (x `growth`, the factor squared after each further step in the
    same direction but never past x2) from the start speed-up until a step fails (or down
    until one passes), then bisection (geometric mean) until the failing and passing
@@ -74,8 +78,11 @@ from autotune.measure.step_load import (
     IDLE_BUSY_SHARE,
     UNSCORED_RETRIES,
     ReplayFunction,
+    SilenceCuts,
     busy_share,
     client_fell_behind,
+    cut_silences,
+    cuts_found_idle,
     due_by_last_send,
     offered_as_sent,
     offered_rate,
@@ -99,13 +106,21 @@ __all__ = [
     "LadderStep",
     "LoadLadder",
     "ReplayFunction",
+    "SilenceCuts",
     "allowed_misses",
     "client_fell_behind",
+    "cut_silences",
     "recorded_rate",
     "requests_for_percentile",
     "requests_for_slos",
     "step_trace",
 ]
+
+
+# Seconds of a silence kept: several times a loaded step's answers (the code trace's e2e p99
+# was 1.7 s on an H200 at its capacity), so the server is idle when the next burst comes;
+# `cuts_found_idle` checks that it was.
+DEFAULT_MAX_SILENCE_S = 5.0
 
 
 class LadderSettings(BaseModel):
@@ -133,6 +148,10 @@ class LadderSettings(BaseModel):
     settle_probe: bool = True
     settle_slack_ms: float = Field(50.0, ge=0)
     max_error_fraction: float = Field(0.05, ge=0, lt=1)
+    # A silence in a step's schedule longer than this (seconds, at the step's speed) is cut to
+    # it: the server idles through it, so the rest changes no latency, only the step's length
+    # (`step_load.cut_silences`; credited at the uncut rate). None: silences replayed whole.
+    max_silence_s: float | None = Field(DEFAULT_MAX_SILENCE_S, gt=0)
     # One step at `start_speedup`, no search (min-memory: do the SLOs hold at H x the rate?).
     single_step: bool = False
 
@@ -175,7 +194,12 @@ class LadderStep(BaseModel):
     # What the step offered, measured from what the client sent: requests over the span of
     # their send times (a step stopped early: what it sent by then). Capacity is credited this.
     offered_rps: float
-    planned_rps: float | None = None  # the step trace's own arrival rate, as scheduled
+    planned_rps: float | None = None  # the step trace's own arrival rate, as scheduled (uncut)
+    # Seconds of silence cut from the step's schedule (`LadderSettings.max_silence_s`), and
+    # whether each cut silence found the server idle (False: the step ran harder than its
+    # schedule; a pass stands, a failure is run again with its silences whole).
+    silence_cut_s: float = 0.0
+    cuts_idle: bool = True
     requests: int  # planned
     # Share of the step's span with at least one request in flight: below ~0.5 the server
     # was mostly idle, so a miss is not load (`LoadLadder.run` stops descending there).
@@ -325,6 +349,7 @@ class LoadLadder:
         self.steps: list[LadderStep] = []  # scored
         self.results: list[ReplayResult] = []  # per scored step, for the trial's records
         self.unscored: list[LadderStep] = []  # the client fell behind: not evidence either way
+        self.reruns = 0  # failed steps run again with their silences whole (`step`)
         self.infeasible: str | None = None  # set when no load is low enough (`_infeasible`)
         self.settler = ServerSettler(
             url=url, replay=replay, replay_fn=replay_fn, scraper=scraper,
@@ -433,10 +458,11 @@ class LoadLadder:
 
     # -- one step ------------------------------------------------------------------------
 
-    async def step(self, window: Trace, speedup: float) -> LadderStep:
+    async def step(self, window: Trace, speedup: float, *, cut: bool = True) -> LadderStep:
         index = len(self.steps)
-        attempt = index + len(self.unscored)  # a re-run gets its own prompt tokens too
-        trace = step_trace(window, speedup, self.settings)
+        attempt = index + len(self.unscored) + self.reruns  # a re-run gets its own prompt tokens too
+        uncut = step_trace(window, speedup, self.settings)
+        trace, cuts = cut_silences(uncut, self.settings.max_silence_s if cut else None)
         planned = len(trace)
         limits = {slo.spec(): allowed_misses(planned, slo.percentile) for slo in self.slos}
 
@@ -492,12 +518,23 @@ class LoadLadder:
                       if scored else f"not scored: {behind}")
             passed = passed and scored
         settled = await self.settler.wait(f"draining after ladder step {index + 1}")
+        idle = cuts_found_idle(result, cuts)
+        if scored and not passed and not idle:
+            # Requests were still in flight when a cut silence ended: the step offered more
+            # than its schedule, so its failure says nothing about that schedule.
+            self.say(f"  step {index + 1}: x{speedup:.3g} failed ({reason}), but a cut silence "
+                     "ended with requests in flight: run again with its silences whole")
+            self.reruns += 1
+            return await self.step(window, speedup, cut=False)
+        sent_last = max((r.index for r in result.records), default=0)
         step = LadderStep(
             index=index,
             speedup=speedup,
-            offered_rps=offered_as_sent(trace, result),
-            planned_rps=offered_rate(trace),
-            busy_share=busy_share(result),
+            offered_rps=offered_as_sent(trace, result, cuts, uncut),
+            planned_rps=offered_rate(uncut),
+            silence_cut_s=cuts.between(-1, sent_last),
+            cuts_idle=idle,
+            busy_share=busy_share(result, idle_s=cuts.between(-1, sent_last)),
             requests=planned,
             passed=passed,
             scored=scored,
@@ -524,6 +561,8 @@ class LoadLadder:
         if step.abandoned and failing_rate(step) > step.offered_rps:
             offered = (f"{failing_rate(step):.3g} req/s planned, {step.offered_rps:.3g} as sent "
                        "before it was stopped")
+        if step.silence_cut_s > 0:
+            offered += f", {step.silence_cut_s:.0f} s of idle silence cut"
         self.say(
             # The step's own rate differs from x speed-up times the window's mean rate: its
             # requests are a stretch of the window, quieter or burstier than the whole.

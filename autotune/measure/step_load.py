@@ -1,6 +1,7 @@
 """What one ladder step sends and what it offered: the step's requests (a representative
-stretch of the window, sped up, holding what its percentiles need), the rate its client
-really sent, whether the client kept its schedule, and how busy the server was.
+stretch of the window, sped up, holding what its percentiles need), its long silences cut
+short, the rate its client really sent, whether the client kept its schedule, and how busy
+the server was.
 
 Split from `autotune.measure.ladder`, which runs the steps and searches over speed-ups; the
 ladder re-exports these names.
@@ -8,6 +9,7 @@ ladder re-exports these names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
@@ -115,6 +117,73 @@ def _representative_start(stretched: Trace, n: int, need: int, window: Trace) ->
 STRETCH_RATE_TOLERANCE = 0.1
 
 
+@dataclasses.dataclass(frozen=True)
+class SilenceCuts:
+    """The silences `cut_silences` shortened in a step's schedule: `after[k]` is the index of
+    the request that ended silence k, `cut_s[k]` the seconds taken out of it. Empty: none."""
+
+    after: tuple[int, ...] = ()
+    cut_s: tuple[float, ...] = ()
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(self.cut_s))
+
+    def between(self, first: int, last: int) -> float:
+        """Seconds cut from the schedule between request `first` and request `last`."""
+        return float(sum(cut for after, cut in zip(self.after, self.cut_s, strict=True) if first < after <= last))
+
+
+def cut_silences(trace: Trace, max_silence_s: float | None) -> tuple[Trace, SilenceCuts]:
+    """The step's schedule with every gap between arrivals longer than `max_silence_s`
+    (seconds, at the step's speed) cut to it; None or no such gap: the trace unchanged.
+
+    Why this measures the same: once every earlier request is answered the server is idle,
+    and how long it stays idle changes no later latency (each step's prompts are fresh, so no
+    cache carries over), only how long the step takes. A trace that idles for minutes between
+    bursts (the Azure 2023 code trace spends 2,377 of its 3,436 s in gaps over 10 s) would
+    otherwise cost minutes of idle GPU per step at a low speed-up. `cuts_found_idle` checks
+    after the step that each cut silence did find the server idle; the step is credited at the
+    uncut schedule's rate (`offered_as_sent` with the cuts), which is the load it stood for.
+    """
+    if max_silence_s is None or len(trace) < 2:
+        return trace, SilenceCuts()
+    stamps = np.asarray(trace.timestamps_ms, dtype=np.float64)
+    gaps = np.diff(stamps)
+    limit_ms = 1000.0 * max_silence_s
+    over = np.flatnonzero(gaps > limit_ms)
+    if over.size == 0:
+        return trace, SilenceCuts()
+    removed = np.zeros_like(gaps)
+    removed[over] = gaps[over] - limit_ms
+    shifted = stamps - np.concatenate(([0.0], np.cumsum(removed)))
+    cuts = SilenceCuts(after=tuple(int(i) + 1 for i in over),
+                       cut_s=tuple(float(removed[i]) / 1000.0 for i in over))
+    return trace.replace(timestamps_ms=shifted), cuts
+
+
+def cuts_found_idle(result: ReplayResult, cuts: SilenceCuts) -> bool:
+    """True when, at the end of each cut silence, every request sent before it had been
+    answered: the cut took only idle time out of the schedule. A silence the step never
+    reached (it ended before) counts as idle; a request with no known end (failed without a
+    latency, cancelled) as still in flight."""
+    if not cuts.after:
+        return True
+    by_index = {record.index: record for record in result.records}
+    for after in cuts.after:
+        following = by_index.get(after)
+        if following is None:
+            continue
+        for record in result.records:
+            if record.index >= after:
+                continue
+            if record.e2e_ms is None or record.cancelled:
+                return False
+            if record.sent_s + record.e2e_ms / 1000.0 > following.sent_s:
+                return False
+    return True
+
+
 # A run is scored only if the client really offered at least this share of its rate.
 MIN_SENT_SHARE = 0.9
 # A lagging step is run again this many times before the ladder ends at the client's limit.
@@ -155,12 +224,20 @@ def client_fell_behind(result: ReplayResult, nominal_rps: float, limit_ms: float
     return None
 
 
-def offered_as_sent(trace: Trace, result: ReplayResult) -> float:
+def offered_as_sent(trace: Trace, result: ReplayResult, cuts: SilenceCuts | None = None,
+                    uncut: Trace | None = None) -> float:
     """The rate a step offered, from what its client sent: requests over the span of their
-    send times. With fewer than two sends (or all at one instant): the scheduled rate of the
-    requests due by then."""
-    rate = sent_rate(result)
-    return rate if math.isfinite(rate) else offered_rate(due_by_last_send(trace, result))
+    send times, with the seconds `cuts` took out of the schedule between the first and the
+    last send counted back (the load the step stands for; `trace` is what was sent, `uncut`
+    the schedule before `cut_silences`). With fewer than two sends (or all at one instant):
+    the uncut scheduled rate of the requests due by then."""
+    cuts = cuts or SilenceCuts()
+    sent = sorted((r.sent_s, r.index) for r in result.records)
+    if len(sent) >= 2 and sent[-1][0] > sent[0][0]:
+        span = sent[-1][0] - sent[0][0] + cuts.between(sent[0][1], sent[-1][1])
+        return (len(sent) - 1) / span
+    due = due_by_last_send(trace, result)
+    return offered_rate((uncut or trace).subset(np.arange(len(due))))
 
 
 # Below this share of a step's span with a request in flight, the server was mostly idle:
@@ -168,10 +245,11 @@ def offered_as_sent(trace: Trace, result: ReplayResult) -> float:
 IDLE_BUSY_SHARE = 0.5
 
 
-def busy_share(result: ReplayResult) -> float | None:
-    """Share of the run's span (first send to last answer) with at least one request in
-    flight; None without records. A request that failed or was cancelled counts as in flight
-    until the run ended (its end is unknown)."""
+def busy_share(result: ReplayResult, idle_s: float = 0.0) -> float | None:
+    """Share of the run's span (first send to last answer, plus `idle_s` the schedule was cut
+    by: `SilenceCuts.total_s`) with at least one request in flight; None without records. A
+    request that failed or was cancelled counts as in flight until the run ended (its end is
+    unknown)."""
     if not result.records:
         return None
     start = min(r.sent_s for r in result.records)
@@ -191,7 +269,7 @@ def busy_share(result: ReplayResult) -> float | None:
         else:
             open_end = max(open_end, hi)
     busy += open_end - open_start
-    return min(busy / (end - start), 1.0)
+    return min(busy / (end - start + idle_s), 1.0)
 
 
 def recorded_rate(window: Trace) -> float:
