@@ -27,6 +27,7 @@ from autotune.measure.ladder import (
     LoadLadder,
     busy_share,
     offered_as_sent,
+    offered_rate,
     recorded_rate,
     requests_for_slos,
     step_is_idle,
@@ -303,6 +304,31 @@ def test_a_failing_step_abandoned_early_still_brackets_the_capacity_from_above()
     assert capacity.capacity_rps == passed.offered_rps
     assert capacity.first_fail_rps == pytest.approx(passed.offered_rps * 1.1)
     assert capacity.first_fail_rps > capacity.capacity_rps
+
+
+def test_a_step_abandoned_inside_its_opening_burst_brackets_at_its_schedule_s_rate() -> None:
+    """Bursts then silence (the Azure code trace's tuning window): a step certain to fail in
+    its first burst sent only that burst, at ~10x the schedule's rate. The bracket's upper end
+    is the schedule it failed, next to the passing step's: not the burst's rate."""
+    window = bursty_window()
+    settings = LadderSettings(step_requests=60, min_step_s=1.0, max_steps=1)
+    ladder = modelled_ladder(window, settings, 100.0)
+    [passed] = ladder.steps
+    trace = step_trace(window, 1.1, settings)
+    whole = sent_on_schedule(trace)
+    opening = int(np.flatnonzero(np.diff(trace.timestamps_ms) > 1000.0)[0]) + 1  # its first burst
+    burst = ReplayResult(records=whole.records[:opening], summary=replay_summary(
+        duration=1.0, completed=opening, planned=len(trace)))
+    as_sent = offered_as_sent(trace, burst)
+    assert as_sent > 5 * passed.offered_rps  # what the burst alone sent
+    ladder.steps.append(passed.model_copy(update={
+        "index": 1, "speedup": 1.1, "passed": False, "abandoned": True, "offered_rps": as_sent,
+        "planned_rps": offered_rate(trace), "requests": len(trace)}))
+    capacity = ladder.result(window)
+    assert capacity.capacity_rps == passed.offered_rps
+    assert capacity.first_fail_rps == pytest.approx(offered_rate(trace))
+    assert capacity.capacity_rps < capacity.first_fail_rps < 1.3 * capacity.capacity_rps
+    assert capacity.interval() == f"{capacity.capacity_rps:.3g}-{capacity.first_fail_rps:.3g} req/s"
 
 
 @pytest.mark.slow
