@@ -120,6 +120,19 @@ def test_the_conversation_grid_says_what_its_launches_support_beside_its_single_
     assert round(table["tuned (--allow fp8)"]["tuning"][0], 1) == 32.0
 
 
+def test_the_code_grid_reads_as_the_readme_states(tmp_path: Path) -> None:
+    # README.md and results/h200-2026-12-04/code/README.md: defaults 0.715, the best without fp8
+    # 0.753 (s1024-b4096), with fp8 2.57 (s1024-b2048-fp8); 6 points, 1,505 s charged.
+    grid = ROOT / "benchmarks" / "data" / "h200-2026-12-04" / "code" / "grid"
+    table = rows(tmp_path, "--grid", str(grid))
+    assert [round(v, 3) for v in table["vLLM's defaults"]["tuning"]] == [0.715]
+    assert [round(v, 3) for v in table["grid's best without fp8"]["tuning"]] == [0.753]
+    assert table["grid's best without fp8"]["what"] == "max_num_seqs=1024, max_num_batched_tokens=4096"
+    assert [round(v, 2) for v in table["grid's best with fp8"]["tuning"]] == [2.57]
+    assert table["grid's best with fp8"]["gpu_s"] == pytest.approx(1505, abs=1)
+    assert "| 0.715 |" in (tmp_path / "table.md").read_text()  # 3 significant figures, not "0.7"
+
+
 def test_a_grid_whose_points_all_ran_apart_has_no_scheduler_config_rows(tmp_path: Path) -> None:
     from tests.benchmarks.test_search_quantization import write_table
 
