@@ -55,6 +55,17 @@ DEFAULT_WARM_START = 4
 _gpu_seconds = functools.partial(parse_duration, option="--gpu-seconds")
 
 
+def _max_silence(text: str) -> float:
+    """`--max-silence S`: seconds, 0 or more (0: silences replayed whole)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise AutotuneError(f"--max-silence {text!r}: expected seconds >= 0 (0: replay silences whole)")
+    return seconds
+
+
 class MeasurementOptions(BaseModel):
     """How each config is measured and re-checked: the options `autotune run` and `retune`
     share (the replay, the capacity ladder, the windows, the gate's size, the trial server),
@@ -78,7 +89,7 @@ class MeasurementOptions(BaseModel):
         "ladder", "capacity ladder: a silence between arrivals longer than S seconds (at the "
         "step's speed) is cut to S, the step still credited at its uncut rate; a failing step "
         "whose cut silence ended with requests in flight is run again uncut; 0: replay "
-        "silences whole (default: 5)", name="--max-silence", metavar="S")] = None
+        "silences whole (default: 5)", name="--max-silence", metavar="S", parse=_max_silence)] = None
     max_speedup: Annotated[float | None, Flag(
         "ladder", "capacity ladder: the highest rate tried, as a multiple of the recorded rate; "
         "a config that meets every SLO there is reported as carrying at least X (default: 256)",

@@ -80,7 +80,21 @@ def test_a_ladder_flag_out_of_range_is_named_with_its_value(tmp_path: Path, caps
     assert code == 2 and "--max-speedup 0.0: " in err and "\n" not in err
     code, err = run(capsys, "--step-requests", "5", "--output-dir", str(tmp_path))
     assert code == 2 and "--step-requests 5: " in err and "\n" not in err
+    for bad in ("-1", "five", "inf"):
+        code, err = run(capsys, "--max-silence", bad, "--output-dir", str(tmp_path))
+        assert code == 2 and err == f"autotune: error: --max-silence '{bad}': expected seconds >= 0 (0: replay silences whole)"
     assert not (tmp_path / "trials").exists()
+
+
+def test_max_silence_reaches_the_ladder_and_0_keeps_silences_whole() -> None:
+    from autotune.cli import build_parser
+    from autotune.cli.run import run_request
+    from autotune.prepare import ladder_settings
+
+    for given, expected in ((None, 5.0), ("2.5", 2.5), ("0", None)):
+        flags = ["--max-silence", given] if given is not None else []
+        request = run_request(build_parser().parse_args(["run", "--workload", SAMPLE, *flags]))
+        assert ladder_settings(request, "cpu", []).max_silence_s == expected
 
 
 def test_windows_longer_than_the_trace_are_refused(tmp_path: Path, capsys) -> None:
