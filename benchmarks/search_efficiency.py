@@ -74,7 +74,7 @@ from benchmarks.search_measure import (
     measure,
 )
 from benchmarks.search_report import replay
-from benchmarks.search_table import QUANTIZATIONS, default_table
+from benchmarks.search_table import QUANTIZATIONS, default_table, load_table, relative_dir
 from workloads.errors import OneLineErrorParser, VllmAutotuneError
 
 
@@ -176,7 +176,7 @@ def main() -> int:
     if args.tables is None:
         candidates = [default_table(o, args.quick) for o in ("capacity", "goodput")]
         if not args.quick:  # the GPU grids the headline runs measured (DATA/h100-DATE/SCENARIO/grid, h200-...)
-            candidates += sorted(DATA.glob("h[0-9]*-*/*/grid"))
+            candidates += [grid for grid in sorted(DATA.glob("h[0-9]*-*/*/grid")) if measured_whole(grid)]
         args.tables = [str(c) for c in candidates if (c / "table.json").exists()]
         if not args.tables:
             raise SystemExit("no measured table: run `measure` first")
@@ -184,6 +184,18 @@ def main() -> int:
         return replay(args)
     except VllmAutotuneError as error:  # a damaged trace copy beside a table
         raise SystemExit(str(error)) from None
+
+
+def measured_whole(grid: Path) -> bool:
+    """A committed GPU grid the default replay takes: every point of its grid measured. One
+    measured in parts across device sessions is left out, with a line saying so, until done
+    (`--table` on it still names what it lacks)."""
+    table = load_table(grid)
+    missing = table.missing()
+    if missing:
+        print(f"skipping {relative_dir(grid)}: {len(table.grid_keys()) - len(missing)} of "
+              f"{len(table.grid_keys())} points measured so far", file=sys.stderr)
+    return not missing
 
 
 if __name__ == "__main__":

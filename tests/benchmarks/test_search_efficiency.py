@@ -445,3 +445,18 @@ def test_a_folder_without_a_table_is_named_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "table.json").write_text('{"points": []}')
     with pytest.raises(SystemExit, match=r"/table.json: settings: Field required$"):
         load_table(tmp_path)
+
+
+
+def test_the_default_replay_leaves_out_a_grid_measured_in_part_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPU grid measured across device sessions is not replayed until done (its replay would
+    stop at the first missing point): `replay` without --table runs the others."""
+    grid = write_table(tmp_path / "h200-2099-01-01" / "code" / "grid")
+    assert search_efficiency.measured_whole(grid)
+    assert capsys.readouterr().err == ""
+    table = search_table.Table.model_validate_json((grid / "table.json").read_text())
+    table.points = [p for p in table.points if p.label != "s4-b512"]
+    (grid / "table.json").write_text(table.model_dump_json())
+    assert not search_efficiency.measured_whole(grid)
+    assert capsys.readouterr().err.strip() == f"skipping {grid}: 8 of 9 points measured so far"
