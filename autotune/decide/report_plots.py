@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
-from autotune.measure.ladder import CapacityResult
+from autotune.measure.ladder import CapacityResult, step_rate
 from autotune.search.gate import BASELINE, GateDecision, Measurement
 from autotune.search.objective import Objective
 from workloads.slo import SLO
@@ -121,7 +121,7 @@ def write_plots(output_dir: Path, inputs: ReportInputs) -> list[tuple[str, str]]
                 colour = colours[k % len(colours)]
                 for index, ladder in enumerate(ladders):
                     points = sorted(
-                        (step.offered_rps, step.measured_ms.get(slo.spec()), step.passed)
+                        (step_rate(step), step.measured_ms.get(slo.spec()), step.passed)
                         for step in ladder.steps
                         if step.measured_ms.get(slo.spec()) is not None
                     )

@@ -19,7 +19,8 @@ ladder looks for the cliff itself:
    until one passes), then bisection (geometric mean) until the failing and passing
    speed-ups are within `resolution` of each other. Capacity = the offered rate of the
    highest passing step as its client sent it (requests over the span of their send times),
-   never speed-up x a rate the step did not replay; the first failing step's offered rate
+   never more than its schedule's rate (`step_rate`: a pass decided early may have sent only
+   a burst), never speed-up x a rate the step did not replay; the first failing step's offered rate
    above it is the other end of the bracket. Like `vllm bench sweep serve_sla`'s
    doubling-then-bisection and Etalon's capacity search, but inside one launch and on the
    recorded arrivals rather than Poisson.
@@ -113,6 +114,7 @@ __all__ = [
     "recorded_rate",
     "requests_for_percentile",
     "requests_for_slos",
+    "step_rate",
     "step_trace",
 ]
 
@@ -192,7 +194,8 @@ class LadderStep(BaseModel):
     index: int
     speedup: float
     # What the step offered, measured from what the client sent: requests over the span of
-    # their send times (a step stopped early: what it sent by then). Capacity is credited this.
+    # their send times (a step stopped early: what it sent by then). Capacity is credited this,
+    # never more than `planned_rps` (`step_rate`).
     offered_rps: float
     planned_rps: float | None = None  # the step trace's own arrival rate, as scheduled (uncut)
     # Seconds of silence cut from the step's schedule (`LadderSettings.max_silence_s`), and
@@ -223,11 +226,12 @@ class LadderStep(BaseModel):
 class CapacityResult(BaseModel):
     """What a ladder found; also written to `ladder.json` in the trial folder."""
 
-    # The offered rate (as sent) of the highest passing step; 0 when no step passed.
+    # The rate the highest passing step offered (`step_rate`: as sent, at most its schedule's);
+    # 0 when no step passed.
     capacity_rps: float
     capacity_speedup: float | None
     recorded_rps: float  # the window's own rate
-    # The lowest failing step above it: the rate it was certain to fail at (`failing_rate`).
+    # The lowest failing step above it: the rate it was certain to fail at (`step_rate`).
     first_fail_rps: float | None
     first_fail_speedup: float | None = None
     bracketed: bool  # a pass and a fail within the resolution: the cliff was found
@@ -277,11 +281,11 @@ class CapacityResult(BaseModel):
         if self.capacity_rps <= 0:
             if self.infeasible:
                 return self.infeasible
-            failed = [s.offered_rps for s in self.steps if not s.passed]
+            failed = [step_rate(s) for s in self.steps if not s.passed]
             if self.stopped_by == "below_floor" and failed:
                 return (f"fails even at {min(failed):.3g} req/s, 1/{1 / HINT_FLOOR_SHARE:.0f} of the "
                         f"capacity its ladder started from: not measured lower")
-            lowest = min((s.offered_rps for s in self.steps), default=0.0)
+            lowest = min((step_rate(s) for s in self.steps), default=0.0)
             return f"no step met the SLOs (lowest tried {lowest:.3g} req/s)"
         edge = "" if self.bracketed else " (lower bound: the ladder ended before the cliff)"
         if self.stopped_by == "client_lag" and self.unscored:
@@ -295,14 +299,21 @@ class CapacityResult(BaseModel):
         )
 
 
-def failing_rate(step: LadderStep) -> float:
-    """The rate a failed step is known to fail at, comparable with a passing step's: the rate
-    of its whole schedule (it was certain to miss at that schedule, `LoadLadder._certain`);
-    what it sent where the schedule is unknown. A step abandoned early sent only its first
-    requests, whose rate is that of the schedule's opening: below a passing step's on a quiet
-    one, far above it on a burst (the Azure code trace's tuning window on an H200: 5.87 req/s
-    sent inside its opening burst, of a schedule of 0.78 req/s, against a pass at 0.715)."""
-    return step.planned_rps if step.planned_rps is not None else step.offered_rps
+def step_rate(step: LadderStep) -> float:
+    """The rate a scored step stands for, the same way for every step: a failed one, its whole
+    schedule's (it was certain to miss at that schedule, `LoadLadder._certain`); a passed one,
+    what its client sent, never more than its whole schedule's rate. What was sent alone where
+    the schedule is unknown (steps recorded before `planned_rps`).
+
+    Why not what was sent: a step stopped early sent only its schedule's opening, whose rate
+    is the opening's, below the whole's on a quiet one, far above it on a burst (the Azure code
+    trace's tuning window on an H200: 5.87 req/s sent inside its opening burst, of a schedule
+    of 0.78 req/s, beside a pass at 0.715). A pass decided early holds for the whole schedule,
+    so crediting its burst would claim more than the schedule offers.
+    """
+    if step.planned_rps is None:
+        return step.offered_rps
+    return min(step.offered_rps, step.planned_rps) if step.passed else step.planned_rps
 
 
 def step_is_idle(step: LadderStep) -> bool:
@@ -384,7 +395,7 @@ class LoadLadder:
             floor = settings.hint_floor
             if following is None and floor is not None and not any(s.passed for s in self.steps):
                 # Lower loads were not tried: this is a config far below the one measured best.
-                self.say(f"  fails even at {step.offered_rps:.3g} req/s, 1/{1 / HINT_FLOOR_SHARE:.0f} "
+                self.say(f"  fails even at {step_rate(step):.3g} req/s, 1/{1 / HINT_FLOOR_SHARE:.0f} "
                          f"of the capacity it started from: not measured lower")
                 return self.result(window, stopped_by="below_floor")
             if not any(s.passed for s in self.steps) and (following is None or step_is_idle(step)):
@@ -444,10 +455,10 @@ class LoadLadder:
             and first_fail.speedup / best.speedup <= 1.0 + self.settings.resolution + 1e-9
         )
         return CapacityResult(
-            capacity_rps=best.offered_rps if best else 0.0,
+            capacity_rps=step_rate(best) if best else 0.0,
             capacity_speedup=best.speedup if best else None,
             recorded_rps=recorded,
-            first_fail_rps=failing_rate(first_fail) if first_fail else None,
+            first_fail_rps=step_rate(first_fail) if first_fail else None,
             first_fail_speedup=first_fail.speedup if first_fail else None,
             bracketed=bracketed,
             steps=list(self.steps),
@@ -558,14 +569,16 @@ class LoadLadder:
         else:
             self.unscored.append(step)
         verdict = ("pass" if passed else ("abandoned" if step.abandoned else "fail")) if scored else "not scored"
-        # An abandoned step sent only its first requests: their rate is not the load it was
-        # judged to fail at (failing_rate: its schedule's), so both are shown.
+        # A step stopped early sent only its schedule's opening: that rate is not the load it
+        # stands for (`step_rate`: its schedule's), so both are shown.
         offered = f"{step.offered_rps:.3g} req/s offered as sent"
-        if step.abandoned and not math.isclose(failing_rate(step), step.offered_rps, rel_tol=0.05):
-            offered = (f"{failing_rate(step):.3g} req/s planned, {step.offered_rps:.3g} as sent "
-                       "before it was stopped")
+        if scored and not math.isclose(step_rate(step), step.offered_rps, rel_tol=0.05):
+            offered = (f"{step_rate(step):.3g} req/s planned, {step.offered_rps:.3g} as sent "
+                       "before its verdict was certain")
         if step.silence_cut_s > 0:
-            offered += f", {step.silence_cut_s:.0f} s of idle silence cut"
+            offered += (f", {step.silence_cut_s:.0f} s of idle silence cut" if step.cuts_idle else
+                        f", {step.silence_cut_s:.0f} s of silence cut (one ended with requests in "
+                        "flight: the step ran harder than its schedule)")
         self.say(
             # The step's own rate differs from x speed-up times the window's mean rate: its
             # requests are a stretch of the window, quieter or burstier than the whole.
@@ -591,7 +604,7 @@ class LoadLadder:
         what = " and ".join(missed) if missed else step.reason
         idle = (f" with the server idle {1.0 - step.busy_share:.0%} of the step"
                 if step.busy_share is not None else "")
-        return (f"no load meets the SLOs: {what} at {step.offered_rps:.3g} req/s{idle}; single "
+        return (f"no load meets the SLOs: {what} at {step_rate(step):.3g} req/s{idle}; single "
                 f"requests alone miss it on this host: relax the SLO or use a faster host")
 
     def _step_options(self, attempt: int) -> ReplayOptions:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.measure.ladder import CapacityResult, LadderStep
+from autotune.measure.ladder import CapacityResult, LadderStep, step_rate
 from workloads.slo import SLO
 
 
@@ -74,6 +74,6 @@ def _front_end_lag_at(step: LadderStep, slos: Sequence[SLO]) -> str | None:
         return None
     if not engine <= slo.threshold_ms < client:
         return None
-    return (f"ttft broke first at {step.offered_rps:.3g} req/s only outside the engine: "
+    return (f"ttft broke first at {step_rate(step):.3g} req/s only outside the engine: "
             f"{client:.0f} ms at the client, {engine:.0f} by vLLM's count, none waiting in it: "
             f"the front end fell behind")

@@ -35,6 +35,7 @@ from autotune.measure.ladder import (
     LoadLadder,
     client_fell_behind,
     offered_rate,
+    step_rate,
 )
 from autotune.measure.launcher import (
     ServerLauncher,
@@ -476,7 +477,7 @@ class TrialRunner:
                     raise _Failed(
                         "http_errors",
                         f"{lowest.summary.failed} of {lowest.requests} requests failed even at "
-                        f"{lowest.offered_rps:.3g} req/s; first: {first_error}",
+                        f"{step_rate(lowest):.3g} req/s; first: {first_error}",
                     )
             except _Failed as failed:
                 # Everything measured before the crash counts: capacity found so far.

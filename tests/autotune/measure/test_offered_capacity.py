@@ -331,6 +331,34 @@ def test_a_step_abandoned_inside_its_opening_burst_brackets_at_its_schedule_s_ra
     assert capacity.interval() == f"{capacity.capacity_rps:.3g}-{capacity.first_fail_rps:.3g} req/s"
 
 
+def test_a_pass_decided_inside_its_opening_burst_is_credited_no_more_than_its_schedule() -> None:
+    """191 requests at 10 req/s, 70 s of silence, 9 more: p95 over 200 allows 9 misses, so the
+    pass is certain before the last 9 are sent. What was sent ran at 10 req/s; the schedule,
+    which the pass holds for, offers 2.2: the capacity is the schedule's, under the failing
+    step's above it, never the burst's 4.5x more."""
+    window = Trace.from_requests(
+        [TraceRequest(timestamp=100.0 * i, input_length=10, output_length=5) for i in range(191)]
+        + [TraceRequest(timestamp=19_000.0 + 70_000.0 + 100.0 * i, input_length=10, output_length=5)
+           for i in range(9)], source="burst-then-silence")
+    settings = LadderSettings(step_requests=200, min_step_s=1.0, max_steps=1)
+    ladder = modelled_ladder(window, settings, 100.0)
+    [step] = ladder.steps
+    whole_rate = offered_rate(window)
+    sent = sent_on_schedule(window)
+    burst = ReplayResult(records=sent.records[:191], summary=replay_summary(duration=20.0, completed=191,
+                                                                          planned=200))
+    assert offered_as_sent(window, burst) == pytest.approx(10.0)
+    early_pass = step.model_copy(update={"offered_rps": offered_as_sent(window, burst), "planned_rps": whole_rate,
+                                         "speedup": 1.0, "passed": True})
+    ladder.steps = [early_pass, early_pass.model_copy(update={
+        "index": 1, "speedup": 1.1, "passed": False, "abandoned": True,
+        "offered_rps": 11.0, "planned_rps": 1.1 * whole_rate})]
+    capacity = ladder.result(window)
+    assert capacity.capacity_rps == pytest.approx(whole_rate) and whole_rate < 2.3
+    assert capacity.capacity_rps < capacity.first_fail_rps
+    assert capacity.headroom == pytest.approx(1.0, rel=0.01)
+
+
 @pytest.mark.slow
 def test_a_hinted_ladder_stops_at_a_sixteenth_of_its_start_without_calling_the_slo_infeasible(tmp_path: Path) -> None:
     """A searched config started at the best capacity so far (x16 here) that fails all the way
