@@ -51,12 +51,14 @@ case "$scenario" in
     model=llama3.1-8b-shape; context=8192; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
     seqs=1024; batched=1024,2048,4096,8192; server=()
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune convert --from azure "$kit/azure_code_2023.csv" "$run/traffic.jsonl" ;;
-  # max_num_seqs 256 and vLLM's 1024 only: on an H100 this traffic kept 256-476 sequences
-  # running (results/h100-2026-11-24/small-model, num_running_max), so 256 tells whether the cap binds;
-  # 12 points at ~2.3 min (the H100 run's trials) fit two device sessions with the repeats.
+  # On an H100 this traffic kept 256-476 sequences running (results/h100-2026-11-24/small-model,
+  # num_running_max): 256 and 512 tell whether the cap binds. Chunk budgets 4096 (the H100 run's
+  # best) and vLLM's 8192 only: 12 points at ~2.3 min (that run's trials) with the repeats fit
+  # two device sessions, where 2048 too made 18. (Each axis holds every power of two between
+  # its ends: the search replay samples the grid.)
   translation)
     model=qwen2-1.5b-shape; context=4096; slos=(ttft_p95_ms=500 tpot_p95_ms=50)
-    seqs=256,1024; batched=2048,4096,8192; server=(--server vllm --api-server-count 4 --step-requests 1000)
+    seqs=256,512,1024; batched=4096,8192; server=(--server vllm --api-server-count 4 --step-requests 1000)
     [ -f "$run/traffic.jsonl" ] || python3 -m autotune generate "$run/traffic.jsonl" --duration-s 300 --rate 200 --seed 7 ;;
 esac
 common=(--model "$kit/models/$model" --load-format dummy --max-model-len "$context" --over-context drop

@@ -315,5 +315,5 @@ def test_an_abandoned_step_s_line_names_the_rate_it_was_judged_at_beside_what_it
     step = result.steps[0]
     assert step.abandoned and step.offered_rps < step.planned_rps
     line = next(line for line in lines if line.startswith("  step 1:"))
-    assert f"{step.planned_rps:.3g} req/s planned, {step.offered_rps:.3g} as sent before it was stopped" in line
+    assert f"{step.planned_rps:.3g} req/s planned, {step.offered_rps:.3g} as sent before its verdict was certain" in line
     assert "abandoned" in line
