@@ -364,6 +364,7 @@ class ReplayRun:
             chunk_tokens=stream.chunk_tokens,
             status=status,
             error=error,
+            failed_after_ms=(end - sent) * 1e3 if error is not None and not cancelled else None,
             cancelled=cancelled,
         )
         self.records.append(record)

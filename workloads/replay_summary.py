@@ -48,6 +48,10 @@ class RequestRecord(BaseModel):
     chunk_tokens: int | None = None
     status: int | None = None
     error: str | None = None
+    # A failed request (error set, not cancelled): ms from its send to its failure, so what
+    # reads the records knows when it stopped occupying the server; None otherwise, and in
+    # records written before this field.
+    failed_after_ms: float | None = None
     # In flight when the replay was stopped early (on_progress returned True): neither
     # completed nor failed.
     cancelled: bool = False

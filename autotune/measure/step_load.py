@@ -165,8 +165,9 @@ def cut_silences(trace: Trace, max_silence_s: float | None) -> tuple[Trace, Sile
 def cuts_found_idle(result: ReplayResult, cuts: SilenceCuts) -> bool:
     """True when, at the end of each cut silence, every request sent before it had been
     answered: the cut took only idle time out of the schedule. A silence the step never
-    reached (it ended before) counts as idle; a request with no known end (failed without a
-    latency, cancelled) as still in flight."""
+    reached (it ended before) counts as idle. A failed request ended when it failed
+    (`failed_after_ms`); one with no known end (cancelled, or failed in a record written
+    before that field) counts as still in flight."""
     if not cuts.after:
         return True
     by_index = {record.index: record for record in result.records}
@@ -177,9 +178,10 @@ def cuts_found_idle(result: ReplayResult, cuts: SilenceCuts) -> bool:
         for record in result.records:
             if record.index >= after:
                 continue
-            if record.e2e_ms is None or record.cancelled:
+            took_ms = record.e2e_ms if record.e2e_ms is not None else record.failed_after_ms
+            if took_ms is None or record.cancelled:
                 return False
-            if record.sent_s + record.e2e_ms / 1000.0 > following.sent_s:
+            if record.sent_s + took_ms / 1000.0 > following.sent_s:
                 return False
     return True
 

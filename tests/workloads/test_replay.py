@@ -256,6 +256,7 @@ def test_http_errors_are_recorded_not_raised(echo: str) -> None:
         assert record.status == 500
         assert record.error.startswith("HTTP 500") and "injected failure" in record.error
         assert record.ttft_ms is None and record.e2e_ms is None
+        assert record.failed_after_ms is not None and record.failed_after_ms >= 0  # when it ended
     assert result.summary.mean_ttft_ms is None
 
 
@@ -277,6 +278,7 @@ def test_timeout_is_recorded_and_does_not_wait_for_the_server(echo: str) -> None
     result = run(trace_of(1), f"{echo}/ttft=60000,tag=slow", timeout_s=0.3)
     assert result.records[0].error.startswith("timeout")
     assert result.records[0].e2e_ms is None
+    assert result.records[0].failed_after_ms is not None  # it ended for the client at the timeout
     # The server is still holding the request (its first token is a minute away): the
     # client gave up at its timeout instead of waiting for the answer.
     assert stats(echo, "slow")["in_flight"] == 1

@@ -88,6 +88,21 @@ def test_a_cut_found_the_server_idle_only_when_every_earlier_request_was_answere
     assert cuts_found_idle(sent_on_schedule(cut, e2e_ms=800.0, upto=10), cuts)  # never reached the cut
 
 
+def test_a_request_that_failed_fast_does_not_keep_a_cut_from_finding_the_server_idle() -> None:
+    """A failed request ended when it failed: one HTTP error early in a burst does not make a
+    failing step run again with its silences whole. One whose end is unknown still counts as
+    in flight (records written before `failed_after_ms`)."""
+    cut, cuts = cut_silences(on_off(), 0.5)
+    sent = sent_on_schedule(cut)
+    failed = sent.records[3].model_copy(update={"e2e_ms": None, "ttft_ms": None, "error": "HTTP 500: boom",
+                                                 "status": 500, "failed_after_ms": 20.0})
+    records = [*sent.records[:3], failed, *sent.records[4:]]
+    assert cuts_found_idle(ReplayResult(records=records, summary=sent.summary), cuts)
+    unknown = failed.model_copy(update={"failed_after_ms": None})
+    records[3] = unknown
+    assert not cuts_found_idle(ReplayResult(records=records, summary=sent.summary), cuts)
+
+
 # -- whole steps against a real server process -------------------------------------------
 
 
