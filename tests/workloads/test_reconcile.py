@@ -215,7 +215,9 @@ def test_autotune_replay_warns_when_bundled_tokens_come_without_usage(echo: str,
     trace = trace_of(*[8] * 10, spacing_ms=5)
     url = f"{echo}/ttft=1,itl=1,chunk=4,usage=0,tag=bundles-cli"
     printed, summary = autotune_replay(trace, url, tmp_path)
-    warning = [line for line in printed.splitlines() if line.startswith("WARNING:")]
+    # The send-lag warning may come too, on a busy machine (5 ms apart): not this test's subject.
+    warning = [line for line in printed.splitlines()
+               if line.startswith("WARNING:") and "replayer lagged its schedule" not in line]
     assert len(warning) == 1, printed
     assert "received 20 of 80 requested output tokens (25%)" in warning[0]
     assert summary["reconciliation"]["problem"].startswith("received 20 of 80")
