@@ -301,7 +301,7 @@ def ladder_settings(request: TuningRequest, accelerator: str, slos: Sequence[SLO
     except ValueError as error:
         first = error.errors()[0]  # type: ignore[attr-defined]
         flag = {"step_requests": "--step-requests", "resolution": "--ladder-resolution",
-                "max_speedup": "--max-speedup", "max_silence_s": "--max-silence"}.get(str(first["loc"][0]), str(first["loc"][0]))
+                "max_speedup": "--max-speedup"}.get(str(first["loc"][0]), str(first["loc"][0]))
         raise AutotuneError(f"{flag} {first['input']}: {first['msg']}") from None
     if settings.step_requests < needed:
         settings = settings.model_copy(update={"step_requests": needed})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -60,8 +61,8 @@ def _max_silence(text: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
-        seconds = float("nan")
-    if not seconds >= 0 or seconds == float("inf"):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
         raise AutotuneError(f"--max-silence {text!r}: expected seconds >= 0 (0: replay silences whole)")
     return seconds
 

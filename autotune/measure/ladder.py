@@ -541,14 +541,15 @@ class LoadLadder:
             self.reruns += 1
             return await self.step(window, speedup, cut=False)
         sent_last = max((r.index for r in result.records), default=0)
+        cut_s = cuts.between(-1, sent_last)  # the cut seconds up to the last request sent
         step = LadderStep(
             index=index,
             speedup=speedup,
             offered_rps=offered_as_sent(trace, result, cuts, uncut),
             planned_rps=offered_rate(uncut),
-            silence_cut_s=cuts.between(-1, sent_last),
+            silence_cut_s=cut_s,
             cuts_idle=idle,
-            busy_share=busy_share(result, idle_s=cuts.between(-1, sent_last)),
+            busy_share=busy_share(result, idle_s=cut_s),
             requests=planned,
             passed=passed,
             scored=scored,

@@ -9,6 +9,7 @@ ladder re-exports these names.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Awaitable, Sequence
@@ -170,19 +171,20 @@ def cuts_found_idle(result: ReplayResult, cuts: SilenceCuts) -> bool:
     before that field) counts as still in flight."""
     if not cuts.after:
         return True
-    by_index = {record.index: record for record in result.records}
+    # In index order, the latest end of any request before each cut (inf: one never ended).
+    records = sorted(result.records, key=lambda record: record.index)
+    indices = [record.index for record in records]
+    ends = []
+    for record in records:
+        took_ms = record.e2e_ms if record.e2e_ms is not None else record.failed_after_ms
+        ends.append(math.inf if took_ms is None or record.cancelled else record.sent_s + took_ms / 1000.0)
+    latest = np.maximum.accumulate(ends) if ends else np.array([])
     for after in cuts.after:
-        following = by_index.get(after)
-        if following is None:
-            continue
-        for record in result.records:
-            if record.index >= after:
-                continue
-            took_ms = record.e2e_ms if record.e2e_ms is not None else record.failed_after_ms
-            if took_ms is None or record.cancelled:
-                return False
-            if record.sent_s + took_ms / 1000.0 > following.sent_s:
-                return False
+        at = bisect.bisect_left(indices, after)
+        if at == len(indices) or indices[at] != after or at == 0:
+            continue  # the step never sent the request that ends this silence, or none before it
+        if latest[at - 1] > records[at].sent_s:
+            return False
     return True
 
 
@@ -192,12 +194,15 @@ MIN_SENT_SHARE = 0.9
 UNSCORED_RETRIES = 1
 
 
-def sent_rate(result: ReplayResult) -> float:
-    """Requests per second the client actually sent (by the send times it recorded)."""
-    sent = sorted(r.sent_s for r in result.records)
-    if len(sent) < 2 or sent[-1] <= sent[0]:
+def sent_rate(result: ReplayResult, cuts: SilenceCuts | None = None) -> float:
+    """Requests per second the client actually sent (by the send times it recorded), with the
+    seconds `cuts` took out of the schedule between the first and the last send counted back;
+    inf with fewer than two sends or all at one instant."""
+    sent = sorted((r.sent_s, r.index) for r in result.records)
+    if len(sent) < 2 or sent[-1][0] <= sent[0][0]:
         return float("inf")
-    return (len(sent) - 1) / (sent[-1] - sent[0])
+    cut_s = cuts.between(sent[0][1], sent[-1][1]) if cuts else 0.0
+    return (len(sent) - 1) / (sent[-1][0] - sent[0][0] + cut_s)
 
 
 def due_by_last_send(trace: Trace, result: ReplayResult) -> Trace:
@@ -233,11 +238,9 @@ def offered_as_sent(trace: Trace, result: ReplayResult, cuts: SilenceCuts | None
     last send counted back (the load the step stands for; `trace` is what was sent, `uncut`
     the schedule before `cut_silences`). With fewer than two sends (or all at one instant):
     the uncut scheduled rate of the requests due by then."""
-    cuts = cuts or SilenceCuts()
-    sent = sorted((r.sent_s, r.index) for r in result.records)
-    if len(sent) >= 2 and sent[-1][0] > sent[0][0]:
-        span = sent[-1][0] - sent[0][0] + cuts.between(sent[0][1], sent[-1][1])
-        return (len(sent) - 1) / span
+    rate = sent_rate(result, cuts)
+    if math.isfinite(rate):
+        return rate
     due = due_by_last_send(trace, result)
     return offered_rate((uncut or trace).subset(np.arange(len(due))))
 
