@@ -19,7 +19,7 @@ import numpy as np
 
 from autotune.errors import AutotuneError
 from workloads.replay import ProgressCallback, ReplayOptions
-from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult
+from workloads.replay_summary import PER_REQUEST_METRICS, ReplayResult, RequestRecord
 from workloads.slo import SLO, min_samples
 from workloads.trace import Trace
 from workloads.windows import feature_distance, stretch_features
@@ -253,16 +253,21 @@ IDLE_BUSY_SHARE = 0.5
 def busy_share(result: ReplayResult, idle_s: float = 0.0) -> float | None:
     """Share of the run's span (first send to last answer, plus `idle_s` the schedule was cut
     by: `SilenceCuts.total_s`) with at least one request in flight; None without records. A
-    request that failed or was cancelled counts as in flight until the run ended (its end is
-    unknown)."""
+    request that failed is in flight until it failed (`RequestRecord.failed_after_ms`); one
+    whose end is unknown (cancelled, or recorded before that field) until the run ended."""
     if not result.records:
         return None
     start = min(r.sent_s for r in result.records)
     run_end = max(start + result.summary.duration, max(r.sent_s for r in result.records))
-    spans = sorted(
-        (r.sent_s, r.sent_s + r.e2e_ms / 1000.0 if r.e2e_ms is not None else run_end)
-        for r in result.records
-    )
+
+    def ended_s(record: RequestRecord) -> float:
+        if record.e2e_ms is not None:
+            return record.sent_s + record.e2e_ms / 1000.0
+        if record.failed_after_ms is not None:
+            return record.sent_s + record.failed_after_ms / 1000.0
+        return run_end
+
+    spans = sorted((r.sent_s, ended_s(r)) for r in result.records)
     end = max(stop for _, stop in spans)
     if end <= start:
         return 1.0

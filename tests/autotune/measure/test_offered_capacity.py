@@ -180,6 +180,21 @@ def test_a_step_the_server_idled_through_is_idle_and_a_busy_one_is_not() -> None
     assert not step_is_idle(idle_step.model_copy(update={"busy_share": busy_share(busy)}))
 
 
+def test_requests_that_failed_fast_leave_the_server_idle_and_those_of_unknown_end_busy() -> None:
+    """A server that refuses every request at once (a 400 in a millisecond) idled through the
+    step; a request whose end is unknown (cancelled) is held in flight to the run's end."""
+    window = bursty_window()
+    trace = step_trace(window, 0.25, LadderSettings(step_requests=60, min_step_s=1.0))
+    quiet = sent_on_schedule(trace, e2e_ms=20.0)
+    refused = [r.model_copy(update={"e2e_ms": None, "ttft_ms": None, "error": "HTTP 400",
+                                    "failed_after_ms": 1.0}) for r in quiet.records]
+    unknown = [r.model_copy(update={"e2e_ms": None, "ttft_ms": None, "cancelled": True}) for r in quiet.records]
+    fast = busy_share(ReplayResult(records=refused, summary=quiet.summary))
+    held = busy_share(ReplayResult(records=unknown, summary=quiet.summary))
+    assert fast is not None and held is not None
+    assert fast < busy_share(quiet) < 0.5 < held  # type: ignore[operator]
+
+
 def test_a_ladder_that_fails_with_the_server_idle_stops_and_says_which_slo_cannot_be_met() -> None:
     ladder = LoadLadder(LadderSettings(), url="http://unused",
                         replay=ReplayOptions(slos=[parse_slo("ttft_p95_ms=1000"), parse_slo("tpot_p95_ms=100")]),
