@@ -292,6 +292,8 @@ def ladder_settings(request: TuningRequest, accelerator: str, slos: Sequence[SLO
                 f"{worst.percentile:g}/100): about ten requests above the percentile); raise it "
                 f"or use a lower percentile")
         overrides["step_requests"] = request.step_requests
+    if request.step_seconds is not None:
+        overrides["min_step_s"] = request.step_seconds
     if request.max_speedup is not None:
         overrides["max_speedup"] = request.max_speedup
     if request.max_silence_s is not None:

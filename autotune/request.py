@@ -67,6 +67,17 @@ def _max_silence(text: str) -> float:
     return seconds
 
 
+def _step_seconds(text: str) -> float:
+    """`--step-seconds S`: seconds, more than 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise AutotuneError(f"--step-seconds {text!r}: expected seconds > 0")
+    return seconds
+
+
 class MeasurementOptions(BaseModel):
     """How each config is measured and re-checked: the options `autotune run` and `retune`
     share (the replay, the capacity ladder, the windows, the gate's size, the trial server),
@@ -83,6 +94,10 @@ class MeasurementOptions(BaseModel):
     step_requests: Annotated[int | None, Flag(
         "ladder", "capacity ladder: requests per load step, at least (default: what the SLO "
         "percentiles need: 200 for a p95, 1,000 for a p99)", metavar="N")] = None
+    step_seconds: Annotated[float | None, Flag(
+        "ladder", "capacity ladder: seconds of load per step, at least, at the step's rate; "
+        "with --step-requests, the longer of the two (default: 10; 6 on a CPU)",
+        metavar="S", parse=_step_seconds)] = None
     ladder_resolution: Annotated[float, Flag(
         "ladder", "capacity ladder: stop bisecting when the failing rate is within this "
         "fraction of the passing one", metavar="R")] = DEFAULT_LADDER_RESOLUTION

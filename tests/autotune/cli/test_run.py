@@ -83,6 +83,9 @@ def test_a_ladder_flag_out_of_range_is_named_with_its_value(tmp_path: Path, caps
     for bad in ("-1", "five", "inf"):
         code, err = run(capsys, "--max-silence", bad, "--output-dir", str(tmp_path))
         assert code == 2 and err == f"autotune: error: --max-silence '{bad}': expected seconds >= 0 (0: replay silences whole)"
+    for bad in ("0", "-2", "ten", "nan"):
+        code, err = run(capsys, "--step-seconds", bad, "--output-dir", str(tmp_path))
+        assert code == 2 and err == f"autotune: error: --step-seconds '{bad}': expected seconds > 0"
     assert not (tmp_path / "trials").exists()
 
 
@@ -95,6 +98,18 @@ def test_max_silence_reaches_the_ladder_and_0_keeps_silences_whole() -> None:
         flags = ["--max-silence", given] if given is not None else []
         request = run_request(build_parser().parse_args(["run", "--workload", SAMPLE, *flags]))
         assert ladder_settings(request, "cpu", []).max_silence_s == expected
+
+
+def test_step_seconds_reaches_the_ladder_over_the_accelerators_default() -> None:
+    from autotune.cli import build_parser
+    from autotune.cli.run import run_request
+    from autotune.prepare import ladder_settings
+
+    for accelerator, given, expected in (("cpu", None, 6.0), ("gpu", None, 10.0), ("cpu", "2.5", 2.5),
+                                         ("gpu", "30", 30.0)):
+        flags = ["--step-seconds", given] if given is not None else []
+        request = run_request(build_parser().parse_args(["run", "--workload", SAMPLE, *flags]))
+        assert ladder_settings(request, accelerator, []).min_step_s == expected
 
 
 def test_windows_longer_than_the_trace_are_refused(tmp_path: Path, capsys) -> None:

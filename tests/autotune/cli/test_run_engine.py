@@ -259,7 +259,7 @@ def test_min_memory_picks_less_memory_than_the_baseline_that_still_meets_generou
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "run", "--workload", str(SAMPLE), "--objective", "min-memory",
          "--trials", "2", "--tuning-window", "8", "--holdout-window", "6", "--top-k", "1", "--repeats", "1",
-         "--step-requests", "20", "--slo", "ttft_p50_ms=60000", "--slo", "tpot_p50_ms=5000",
+         "--step-requests", "20", "--step-seconds", "2", "--slo", "ttft_p50_ms=60000", "--slo", "tpot_p50_ms=5000",
          "--space", str(space), "--baseline", str(baseline), "--output-dir", str(out), "--study-name", "min-memory"],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )

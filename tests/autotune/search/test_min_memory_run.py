@@ -24,7 +24,7 @@ SAMPLE = str(ROOT / "workloads" / "samples" / "translation_trace.jsonl")
 TUNER = HELPERS / "node_memory_tuner.py"
 NODE_BYTES = str(32 * 2**30)
 ARGS = ["--workload", SAMPLE, "--objective", "min-memory", "--trials", "4", "--tuning-window", "8",
-        "--holdout-window", "6", "--top-k", "1", "--repeats", "1", "--step-requests", "30",
+        "--holdout-window", "6", "--top-k", "1", "--repeats", "1", "--step-requests", "30", "--step-seconds", "1",
         "--slo", "ttft_p50_ms=1000", "--slo", "tpot_p50_ms=100",
         "--study-name", "mm"]
 

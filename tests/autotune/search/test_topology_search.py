@@ -53,7 +53,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Co
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     args = ["run", "--workload", str(shared_prefix_trace(tmp_path / "trace.jsonl")), "--objective", "capacity-per-gpu",
             "--space", str(space), "--baseline", str(baseline), "--trials", "3", "--tuning-window", "30",
-            "--holdout-window", "20", "--top-k", "1", "--repeats", "1", "--step-requests", "30",
+            "--holdout-window", "20", "--top-k", "1", "--repeats", "1", "--step-requests", "30", "--step-seconds", "1",
             "--slo", "ttft_p50_ms=150", "--study-name", "topology", "--output-dir", str(out)]
     done = subprocess.run([sys.executable, str(TUNER), str(behaviour), *args], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=900)
