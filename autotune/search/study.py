@@ -36,7 +36,15 @@ from autotune.errors import EnvironmentFailure
 from autotune.measure.ladder import CapacityResult
 from autotune.measure.signals import stop_reason
 from autotune.progress import format_duration, progress_line
-from autotune.search.first_moves import MEMORY, Move, first_moves, follow_up, memory_descent, rebase
+from autotune.search.first_moves import (
+    BATCHED,
+    MEMORY,
+    Move,
+    first_moves,
+    follow_up,
+    memory_descent,
+    rebase,
+)
 from autotune.search.gate_runner import GateRunner, Runner, ValidationResult
 from autotune.search.numerics import numerics_changes
 from autotune.search.objective import (
@@ -64,6 +72,9 @@ from autotune.search.trial_records import (
 )
 from server.config import SEARCHABLE_SERVING_SETTINGS, ServerConfig
 
+# A move pays off (and is followed a step further) when it carries this much more than every
+# config measured before it; within this margin either way it ties (followed once, if a first move).
+PAID_OFF_MARGIN = 0.02
 # Relation operands that are not usually search parameters but matter for the built-ins.
 CONTEXT_KEYS = ("max_model_len", "enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens")
 
@@ -266,7 +277,9 @@ class TuningStudy:
         if not planned.follow and planned.direction in study.user_attrs.get("paid_off", []):
             self.say(f"skipping move {planned.name}: {planned.direction} already paid off and was followed")
             return None
-        best = self.gate.best_trials(study, 1, include_baseline=True)
+        # A follow-up goes on from its own move's config (`follow_up`), the best one or tied
+        # with it; the other moves start from the best config so far.
+        best = [] if planned.follow else self.gate.best_trials(study, 1, include_baseline=True)
         move = planned if not best else rebase(planned, self.inputs.space, best[0].user_attrs.get("engine_params") or {})
         if move is None:
             return None
@@ -343,13 +356,22 @@ class TuningStudy:
             score = float(trial.user_attrs.get("score") or 0.0) if feasible(trial) else 0.0
             move = self._as_move(study, trial)
             if move is not None and trial.number not in followed and trial.state.is_finished():
-                paid_off = score > best_before * 1.02
+                paid_off = score > best_before * (1 + PAID_OFF_MARGIN)
+                # A first move of the chunk budget that tied the best (within the margin either
+                # way) is followed once too: the ladder's steps are ~10% apart, so a tie says its
+                # effect was below that, not that the line is flat. On the H200 conversation grid
+                # with fp8, 8192 -> 4096 and -> 2048 batched tokens tied at 32 req/s and 1024
+                # carried 36.2. Not max_num_seqs: a cap the batch never reached ties for real
+                # (following those ties on the H100 long-prompt grid spent the launches TPE used better).
+                tied = (not paid_off and not move.follow and move.knob == BATCHED and score > 0
+                        and score * (1 + PAID_OFF_MARGIN) >= best_before)
                 if paid_off:
                     study.set_user_attr("paid_off", sorted({*study.user_attrs.get("paid_off", []), move.direction}))
-                nxt = follow_up(move, self.inputs.space) if paid_off else None
+                nxt = follow_up(move, self.inputs.space) if paid_off or tied else None
                 if nxt is not None:
                     found.append(nxt)
-                    self.say(f"{trial_label(trial.number)} ({move.name}) paid off: next {nxt.name}")
+                    verdict = "paid off" if paid_off else "tied with the best"
+                    self.say(f"{trial_label(trial.number)} ({move.name}) {verdict}: next {nxt.name}")
                 followed.add(trial.number)
             best_before = max(best_before, score)
         study.set_user_attr("followed_moves", sorted(followed))

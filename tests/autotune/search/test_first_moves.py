@@ -169,6 +169,29 @@ def test_the_study_follows_the_move_that_paid_off_then_moves_the_next_knob_from_
     assert best.user_attrs["engine_params"]["max_num_seqs"] == 512
 
 
+def test_a_chunk_budget_move_that_tied_is_followed_once_and_a_sequence_cap_that_tied_is_not(tmp_path) -> None:
+    """The H200 conversation grid with fp8: 2048-8192 batched tokens all carry 32 req/s at the
+    ladder's resolution, 1024 carries 36; the sequence cap, never reached, changes nothing."""
+
+    def measure(config: ServerConfig) -> CapacityResult:
+        batched = int(config.engine.get("max_num_batched_tokens") or 8192)
+        rps = 36.0 if batched == 1024 else 32.0 if batched >= 2048 else 20.0
+        result = capacity(step(rps / 10, True, 200, 20), step(rps / 10 * 1.1, False, 300, 60))
+        return result.model_copy(update={"capacity_rps": rps, "recorded_rps": 10.0})
+
+    runner, said = FakeRunner(measure), []
+    study = search(tmp_path, runner, SPACE, n_trials=5, say=said.append)
+    launched = [(int(c.engine.get("max_num_seqs") or 1024), int(c.engine.get("max_num_batched_tokens") or 8192))
+                for c in runner.configs]
+    # 2048 ties the baseline: one step further, 1024 (the space's floor), pays off. Half the
+    # sequences from the best then ties, and is not followed to 256: TPE proposes next.
+    assert launched[:4] == [(1024, 8192), (1024, 2048), (1024, 1024), (512, 1024)], launched
+    assert launched[4][0] != 256, launched
+    assert any("(max_num_batched_tokens=2048) tied with the best: next" in line for line in said), said
+    best = study.gate.best_trials(study.study, 1)[0]
+    assert best.user_attrs["capacity_rps"] == 36.0
+
+
 def test_a_move_vllm_would_refuse_is_skipped_without_spending_a_trial(tmp_path) -> None:
     # With 512 batched tokens in the space, following 1024 -> 512 at 1024 sequences breaks
     # "max_num_batched_tokens >= max_num_seqs": it is skipped, not launched or counted.
