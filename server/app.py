@@ -4,6 +4,9 @@ Routes: POST /translate, POST /v1/completions, GET /health, GET /metrics, GET /i
 Every piece of state belongs to the app `create_app` returns; nothing lives at module level.
 By default the app starts its own engine in this process; server.frontends runs it in each of
 several front-end processes, each around its client of one shared engine core.
+
+Over 400 lines in one module because every route shares `Handlers`' state (the engine, the
+request metrics, the front end's identity); the engine's own settings live in server.config.
 """
 
 from __future__ import annotations

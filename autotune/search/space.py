@@ -24,6 +24,10 @@ On a host with two GPUs or more the built-in space also searches the topology,
 `tensor_parallel_size` and `data_parallel_size`, and any space that searches a parallel size
 holds `tensor_parallel_size * pipeline_parallel_size * data_parallel_size <= host_gpus`
 (`autotune.search.topology`): only topologies that fit the host are proposed.
+
+Over 400 lines in one module because a parameter's range, its Optuna name and its engine value
+are read together by every use of the space (suggest, the baseline's fixed values, clamps, the study's
+stored fingerprint); the relations' grammar is `autotune.search.relations`.
 """
 
 from __future__ import annotations

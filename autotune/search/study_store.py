@@ -10,6 +10,10 @@ Choices, and why:
 - Several workers may share one study (`autotune worker`, `autotune.distributed`): with an
   RDB storage that has a heartbeat, each measured trial records heartbeats, and a trial whose
   worker stopped beating is failed and retried by Optuna's retry callback.
+
+Over 400 lines in one module because opening, checking and repairing a study all work on the
+one storage URL before Optuna may touch it: the SQLite damage checks (one line naming the
+database and what is wrong) sit beside the open that runs them.
 """
 
 from __future__ import annotations
