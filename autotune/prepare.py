@@ -8,8 +8,10 @@ that it reads top to bottom as the order a user's mistakes are caught in.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ from autotune.search.study_store import (
 from server.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MODEL_DIR,
+    SEARCHABLE_SERVING_SETTINGS,
     ConfigError,
     EngineSettingsRefused,
     ServerConfig,
@@ -133,6 +136,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     space = space.extended(numerics_params(request.allow, resolved))
     check_allowed_in_space(request.allow, space)
     space.check_names(known)
+    if request.space is not None:
+        check_space_ends(space, baseline, str(request.space))
     if wide and MEMORY_KNOB not in space.params:
         raise AutotuneError(
             f"--objective min-memory searches {MEMORY_KNOB}, but the space ({space.source}) does "
@@ -303,7 +308,7 @@ def ladder_settings(request: TuningRequest, accelerator: str, slos: Sequence[SLO
     except ValueError as error:
         first = error.errors()[0]  # type: ignore[attr-defined]
         flag = {"step_requests": "--step-requests", "resolution": "--ladder-resolution",
-                "max_speedup": "--max-speedup"}.get(str(first["loc"][0]), str(first["loc"][0]))
+                "max_speedup": "--max-speedup", "min_step_s": "--step-seconds"}.get(str(first["loc"][0]), str(first["loc"][0]))
         raise AutotuneError(f"{flag} {first['input']}: {first['msg']}") from None
     if settings.step_requests < needed:
         settings = settings.model_copy(update={"step_requests": needed})
@@ -402,6 +407,58 @@ def check_deployable(config: ServerConfig, where: str) -> dict[str, Any]:
             raise ConfigError(where, None, None, f"breaks {relation.text} ({shown}); vLLM "
                               "refuses such a config: change one of these settings")
     return effective
+
+
+@contextlib.contextmanager
+def quiet_vllm() -> Iterator[None]:
+    """vLLM's INFO lines off while it only checks configs (each check logs a dozen)."""
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def check_space_ends(space: SearchSpace, baseline: ServerConfig, where: str) -> None:
+    """Each searched engine argument of a space file at its ends (low and high, or each choice),
+    one at a time on the baseline, through vLLM's own field checks, before any server starts: a
+    range vLLM refuses at an end (max_num_seqs from -5, gpu_memory_utilization up to 3.0) would
+    spend launches on configs that cannot start. ConfigError naming the file, the parameter,
+    the value and vLLM's reason. vLLM's checks across fields (batched tokens >= sequences) are
+    not asked here: the space's relations skip such configs."""
+    from pydantic import ValidationError
+
+    from server.engine import resolve_engine_config
+
+    for name, param in space.params.items():
+        if name in SEARCHABLE_SERVING_SETTINGS:
+            continue
+        ends = param.choices if param.type == "categorical" else [param.low, param.high]
+        for value in ends or []:
+            if value is None:
+                continue  # vLLM's default
+            if param.type in ("int", "pow2") and isinstance(value, float):
+                value = int(value)
+            try:  # our own type checks first (ServerConfig), then vLLM's
+                trial = ServerConfig.model_validate(
+                    {**baseline.model_dump(), "engine": {**baseline.engine, name: value}})
+            except ValidationError as error:
+                reason = str(error.errors()[0]["msg"])
+                reason = reason[reason.find("expected"):] if "expected" in reason else reason
+                raise ConfigError(where, f"params.{name}", value, f"not a value vLLM takes: {reason}") from None
+            try:
+                with quiet_vllm():
+                    resolve_engine_config(trial)
+            except ValidationError as error:
+                mine = [e for e in error.errors() if tuple(e.get("loc", ())) == (name,)]
+                if mine:
+                    reason = str(mine[0]["msg"]).removeprefix("Value error, ")
+                    raise ConfigError(where, f"params.{name}", value,
+                                      f"vLLM refuses this end of the range ({reason})") from None
+            except Exception:  # noqa: BLE001 - anything else is not about this one value
+                continue
 
 
 def resolve_defaults(baseline: ServerConfig, where: str) -> dict[str, Any]:

@@ -68,13 +68,15 @@ def _max_silence(text: str) -> float:
 
 
 def _step_seconds(text: str) -> float:
-    """`--step-seconds S`: seconds, more than 0."""
+    """`--step-seconds S`: seconds, more than 0, at most `MAX_STEP_S`."""
+    from autotune.measure.ladder import MAX_STEP_S  # the flag's own module stays light to import
+
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise AutotuneError(f"--step-seconds {text!r}: expected seconds > 0")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_STEP_S):
+        raise AutotuneError(f"--step-seconds {text!r}: expected seconds > 0 and at most {MAX_STEP_S:.0f} (an hour a step)")
     return seconds
 
 

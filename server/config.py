@@ -136,9 +136,20 @@ def vllm_reason(error: BaseException) -> str:
     than or equal to max_num_seqs (512)."; anything else is its text with the lines joined."""
     if isinstance(error, ValidationError):
         header = str(error).strip().splitlines()[0]
-        reasons = [item["msg"].removeprefix("Value error, ") for item in error.errors()]
+        reasons = [_field_reason(item) for item in error.errors()]
         return f"{header}: {'; '.join(' '.join(r.split()) for r in reasons)}"
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def _field_reason(item: Mapping[str, Any]) -> str:
+    """One pydantic error: "max_num_seqs = -4: Input should be greater than or equal to 1" where
+    it is about one field (vLLM's field checks), its message alone where it is about the whole
+    config (vLLM's own checks across fields, which name their settings themselves)."""
+    message = str(item["msg"]).removeprefix("Value error, ")
+    loc = ".".join(str(part) for part in item.get("loc", ()))
+    if not loc:
+        return message
+    return f"{loc} = {item.get('input')!r}: {message}"
 
 
 def refused_by_vllm(error: BaseException) -> bool:

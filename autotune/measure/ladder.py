@@ -125,11 +125,17 @@ __all__ = [
 DEFAULT_MAX_SILENCE_S = 5.0
 
 
+MAX_STEP_REQUESTS = 100_000
+MAX_STEP_S = 3600.0
+
+
 class LadderSettings(BaseModel):
     """How a ladder searches. Defaults suit a GPU; `for_accelerator("cpu")` a laptop."""
 
-    step_requests: int = Field(200, ge=10)  # requests per step, at least
-    min_step_s: float = Field(10.0, gt=0)  # seconds per step, at least (at the step's rate)
+    # Bounded so that planning a step (the window repeated to cover it) stays small: 100,000
+    # requests hold a p99.99; an hour a step at x256 is ~20,000 copies of a one-minute window.
+    step_requests: int = Field(200, ge=10, le=MAX_STEP_REQUESTS)  # requests per step, at least
+    min_step_s: float = Field(10.0, gt=0, le=MAX_STEP_S)  # seconds per step, at least (at the step's rate)
     start_speedup: float = Field(1.0, gt=0)
     growth: float = Field(2.0, gt=1)  # factor between steps until the cliff is bracketed
     # The factor squares after each further step in one direction, up to this (or `growth`):

@@ -71,6 +71,41 @@ def test_a_config_vllm_refuses_is_refused_before_any_server(
     assert not (out / "trials").exists() and not (out / "study.db").exists()
 
 
+def test_a_field_vllm_refuses_is_named_with_its_value(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "baseline.yaml"
+    path.write_text("gpu_memory_utilization: 2.5\n")
+    out = tmp_path / "out"
+    assert main(run_args(out, "--baseline", str(path))) == 2
+    line = one_error(capsys)
+    assert line.startswith(f"autotune: error: {path}: vLLM rejected the engine settings (gpu_memory_utilization=2.5): ")
+    assert line.endswith("CacheConfig: gpu_memory_utilization = 2.5: Input should be less than or equal to 1")
+    assert not (out / "trials").exists()
+
+
+@pytest.mark.parametrize(("param", "value", "reason"), [
+    ("gpu_memory_utilization: {type: float, low: 0.1, high: 3.0}", "3.0",
+     "vLLM refuses this end of the range (Input should be less than or equal to 1)"),
+    ("max_num_seqs: {type: int, low: -5, high: 10}", "-5",
+     "vLLM refuses this end of the range (Input should be greater than or equal to 1)"),
+    ("max_num_seqs: {type: categorical, choices: [abc, 4]}", "'abc'",
+     "not a value vLLM takes: expected int | None"),
+])
+def test_a_space_file_whose_range_ends_vllm_refuses_is_refused_before_any_server(
+    tmp_path: Path, capsys, param: str, value: str, reason: str
+) -> None:
+    """A range is checked at its ends (and a choice list at each choice) on the baseline: a
+    space that would spend launches on configs vLLM refuses is one line naming the file, the
+    parameter, the value and the reason."""
+    space = tmp_path / "space.yaml"
+    space.write_text(f"params:\n  {param}\n")
+    out = tmp_path / "out"
+    assert main(run_args(out, "--space", str(space))) == 2
+    line = one_error(capsys)
+    name = param.split(":")[0]
+    assert line.startswith(f"autotune: error: {space}: key 'params.{name}' = {value}: {reason}"), line
+    assert not (out / "trials").exists() and not (out / "study.db").exists()
+
+
 def test_a_relation_is_checked_where_vllm_could_not_tell(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,8 +161,9 @@ class _Scheduler(BaseModel):
 def test_vllm_reason_keeps_every_pydantic_message_on_one_line() -> None:
     with pytest.raises(ValidationError) as caught:
         _Scheduler(seqs=0, tokens=-1)
-    assert vllm_reason(caught.value) == ("2 validation errors for _Scheduler: must be positive, got 0; "
-                                         "must be positive, got -1")
+    # Each field's error names the field and the value given.
+    assert vllm_reason(caught.value) == ("2 validation errors for _Scheduler: seqs = 0: must be positive, got 0; "
+                                         "tokens = -1: must be positive, got -1")
     assert vllm_reason(ValueError("first line\nsecond line")) == "first line second line"
 
 

@@ -83,9 +83,12 @@ def test_a_ladder_flag_out_of_range_is_named_with_its_value(tmp_path: Path, caps
     for bad in ("-1", "five", "inf"):
         code, err = run(capsys, "--max-silence", bad, "--output-dir", str(tmp_path))
         assert code == 2 and err == f"autotune: error: --max-silence '{bad}': expected seconds >= 0 (0: replay silences whole)"
-    for bad in ("0", "-2", "ten", "nan"):
+    for bad in ("0", "-2", "ten", "nan", "1e9"):
         code, err = run(capsys, "--step-seconds", bad, "--output-dir", str(tmp_path))
-        assert code == 2 and err == f"autotune: error: --step-seconds '{bad}': expected seconds > 0"
+        assert code == 2 and err == (f"autotune: error: --step-seconds '{bad}': expected seconds > 0 and "
+                                     "at most 3600 (an hour a step)")
+    code, err = run(capsys, "--step-requests", "1000000000", "--output-dir", str(tmp_path))
+    assert code == 2 and err.startswith("autotune: error: --step-requests 1000000000: ") and "100000" in err
     assert not (tmp_path / "trials").exists()
 
 
