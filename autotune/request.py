@@ -80,6 +80,17 @@ def _step_seconds(text: str) -> float:
     return seconds
 
 
+def _window_seconds(text: str, *, option: str) -> float:
+    """`--tuning-window S` / `--holdout-window S`: seconds, more than 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise AutotuneError(f"{option} {text!r}: expected seconds > 0")
+    return seconds
+
+
 class MeasurementOptions(BaseModel):
     """How each config is measured and re-checked: the options `autotune run` and `retune`
     share (the replay, the capacity ladder, the windows, the gate's size, the trial server),
@@ -126,10 +137,11 @@ class MeasurementOptions(BaseModel):
     tuning_window_s: Annotated[float, Flag(
         "windows", "seconds of trace replayed per search trial; lengthened when too few "
         "requests for the SLO percentiles (p95: 200, p99: 1,000)", name="--tuning-window",
-        metavar="S")] = DEFAULT_TUNING_S
+        metavar="S", parse=functools.partial(_window_seconds, option="--tuning-window"))] = DEFAULT_TUNING_S
     holdout_window_s: Annotated[float, Flag(
         "windows", "seconds of (disjoint) trace replayed per validation run; lengthened "
-        "likewise", name="--holdout-window", metavar="S")] = DEFAULT_HOLDOUT_S
+        "likewise", name="--holdout-window", metavar="S",
+        parse=functools.partial(_window_seconds, option="--holdout-window"))] = DEFAULT_HOLDOUT_S
 
     top_k: Annotated[int, Flag(
         "gate", "configs from the search re-run in validation beside the baseline",

@@ -115,6 +115,14 @@ def test_step_seconds_reaches_the_ladder_over_the_accelerators_default() -> None
         assert ladder_settings(request, accelerator, []).min_step_s == expected
 
 
+def test_a_window_of_no_length_is_refused_naming_its_flag(tmp_path: Path, capsys) -> None:
+    for flag in ("--tuning-window", "--holdout-window"):
+        for bad in ("0", "-5", "abc", "inf"):
+            code, err = run(capsys, flag, bad, "--output-dir", str(tmp_path))
+            assert code == 2 and err == f"autotune: error: {flag} '{bad}': expected seconds > 0"
+    assert not (tmp_path / "trials").exists()
+
+
 def test_windows_longer_than_the_trace_are_refused(tmp_path: Path, capsys) -> None:
     code, err = run(capsys, "--tuning-window", "500", "--holdout-window", "500", "--output-dir", str(tmp_path))
     assert code == 2 and "too short" in err
