@@ -58,7 +58,7 @@ from server.config import (
 from server.vllm_facts import FactsCache
 from workloads.profile import format_profile, profile_trace
 from workloads.slo import SLO, parse_slos
-from workloads.trace_io import load_trace
+from workloads.trace_io import read_trace
 
 # The request's settings a plan keeps as they are (same names, same values).
 CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "speedup",
@@ -69,7 +69,11 @@ CARRIED = ("time_budget_s", "gpu_seconds", "seed", "top_k", "repeats", "mode", "
 def prepare_plan(request: TuningRequest) -> TuningPlan:
     """Everything checked and prepared before the first trial (no server started)."""
     slos = parse_slos(request.slos) if request.slos else None
-    trace = load_trace(request.workload)
+    loaded = read_trace(request.workload)
+    if loaded.reordered:  # said as `autotune profile` says it: one line, not a Python warning
+        print(f"autotune: {request.workload}: timestamps were not ascending; requests sorted by "
+              "timestamp", file=sys.stderr)
+    trace = loaded.trace
     # The context first, where it is known without importing vLLM (the embedded model, or
     # --max-model-len): a trace the model cannot serve is refused in about a second.
     early = explicit_context(request)

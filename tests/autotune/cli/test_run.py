@@ -115,6 +115,18 @@ def test_step_seconds_reaches_the_ladder_over_the_accelerators_default() -> None
         assert ladder_settings(request, accelerator, []).min_step_s == expected
 
 
+def test_a_re_sorted_trace_is_said_in_one_line_not_as_a_python_warning(tmp_path: Path, capsys) -> None:
+    lines = Path(SAMPLE).read_text().splitlines(keepends=True)
+    unsorted = tmp_path / "unsorted.jsonl"
+    unsorted.write_text("".join([lines[1], lines[0], *lines[2:]]))
+    # Windows the trace cannot hold end the run right after the trace is read.
+    code = main(["run", "--workload", str(unsorted), "--tuning-window", "10000", "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[0] == f"autotune: {unsorted}: timestamps were not ascending; requests sorted by timestamp"
+    assert err[1].startswith("autotune: error: ") and len(err) == 2, err
+
+
 def test_a_window_of_no_length_is_refused_naming_its_flag(tmp_path: Path, capsys) -> None:
     for flag in ("--tuning-window", "--holdout-window"):
         for bad in ("0", "-5", "abc", "inf"):
