@@ -70,9 +70,8 @@ def prepare_plan(request: TuningRequest) -> TuningPlan:
     """Everything checked and prepared before the first trial (no server started)."""
     slos = parse_slos(request.slos) if request.slos else None
     loaded = read_trace(request.workload)
-    if loaded.reordered:  # said as `autotune profile` says it: one line, not a Python warning
-        print(f"autotune: {request.workload}: timestamps were not ascending; requests sorted by "
-              "timestamp", file=sys.stderr)
+    for line in loaded.repairs(request.workload):  # as `autotune profile` says them, not as warnings
+        print(f"autotune: {line}", file=sys.stderr)
     trace = loaded.trace
     # The context first, where it is known without importing vLLM (the embedded model, or
     # --max-model-len): a trace the model cannot serve is refused in about a second.

@@ -56,39 +56,34 @@ DEFAULT_WARM_START = 4
 _gpu_seconds = functools.partial(parse_duration, option="--gpu-seconds")
 
 
-def _max_silence(text: str) -> float:
-    """`--max-silence S`: seconds, 0 or more (0: silences replayed whole)."""
+def _seconds(text: str, *, option: str, rule: str, zero_ok: bool = False, most: float = math.inf) -> float:
+    """A flag's seconds: a finite number above 0 (or 0 too, `zero_ok`), at most `most`;
+    AutotuneError "OPTION 'TEXT': expected RULE" otherwise."""
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise AutotuneError(f"--max-silence {text!r}: expected seconds >= 0 (0: replay silences whole)")
+    if not (math.isfinite(seconds) and (seconds >= 0 if zero_ok else seconds > 0) and seconds <= most):
+        raise AutotuneError(f"{option} {text!r}: expected {rule}")
     return seconds
+
+
+# `--max-silence S`: 0 or more (0: silences replayed whole).
+_max_silence = functools.partial(_seconds, option="--max-silence", zero_ok=True,
+                                 rule="seconds >= 0 (0: replay silences whole)")
 
 
 def _step_seconds(text: str) -> float:
-    """`--step-seconds S`: seconds, more than 0, at most `MAX_STEP_S`."""
+    """`--step-seconds S`: more than 0, at most `MAX_STEP_S`."""
     from autotune.measure.ladder import MAX_STEP_S  # the flag's own module stays light to import
 
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_STEP_S):
-        raise AutotuneError(f"--step-seconds {text!r}: expected seconds > 0 and at most {MAX_STEP_S:.0f} (an hour a step)")
-    return seconds
+    return _seconds(text, option="--step-seconds", most=MAX_STEP_S,
+                    rule=f"seconds > 0 and at most {MAX_STEP_S:.0f} (an hour a step)")
 
 
-def _window_seconds(text: str, *, option: str) -> float:
-    """`--tuning-window S` / `--holdout-window S`: seconds, more than 0."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise AutotuneError(f"{option} {text!r}: expected seconds > 0")
-    return seconds
+def _window_seconds(option: str) -> functools.partial[float]:
+    """`--tuning-window S` / `--holdout-window S`: more than 0."""
+    return functools.partial(_seconds, option=option, rule="seconds > 0")
 
 
 class MeasurementOptions(BaseModel):
@@ -137,11 +132,11 @@ class MeasurementOptions(BaseModel):
     tuning_window_s: Annotated[float, Flag(
         "windows", "seconds of trace replayed per search trial; lengthened when too few "
         "requests for the SLO percentiles (p95: 200, p99: 1,000)", name="--tuning-window",
-        metavar="S", parse=functools.partial(_window_seconds, option="--tuning-window"))] = DEFAULT_TUNING_S
+        metavar="S", parse=_window_seconds("--tuning-window"))] = DEFAULT_TUNING_S
     holdout_window_s: Annotated[float, Flag(
         "windows", "seconds of (disjoint) trace replayed per validation run; lengthened "
         "likewise", name="--holdout-window", metavar="S",
-        parse=functools.partial(_window_seconds, option="--holdout-window"))] = DEFAULT_HOLDOUT_S
+        parse=_window_seconds("--holdout-window"))] = DEFAULT_HOLDOUT_S
 
     top_k: Annotated[int, Flag(
         "gate", "configs from the search re-run in validation beside the baseline",

@@ -65,6 +65,16 @@ class TraceLoad:
     errors: list[TraceError] = field(default_factory=list)  # the first few rejected lines
     reordered: bool = False  # timestamps were not ascending in the file and were sorted
 
+    def repairs(self, path: str | os.PathLike[str]) -> list[str]:
+        """One line per repair, for a command to print ("PATH: timestamps were not ascending;
+        requests sorted by timestamp"); none for a file read as it was."""
+        lines = []
+        if self.invalid:
+            lines.append(f"{path}: skipped {self.invalid} invalid line(s); first: {self.errors[0]}")
+        if self.reordered:
+            lines.append(f"{path}: timestamps were not ascending; requests sorted by timestamp")
+        return lines
+
 
 def _number(path: str, line: int, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -32,10 +32,8 @@ def note(message: str) -> None:
 def load(path: str, skip_invalid: bool = False) -> Trace:
     """The trace at `path`, with a note on the lines skipped (`skip_invalid`) or re-sorted."""
     loaded = read_trace(path, skip_invalid=skip_invalid)
-    if loaded.invalid:
-        note(f"{path}: skipped {loaded.invalid} invalid line(s); first: {loaded.errors[0]}")
-    if loaded.reordered:
-        note(f"{path}: timestamps were not ascending; requests sorted by timestamp")
+    for line in loaded.repairs(path):
+        note(line)
     return loaded.trace
 
 
